@@ -1,0 +1,5 @@
+"""Lightning callbacks of exgrpo-pl, installed as `exgrpo_pl.callbacks`."""
+
+from exgrpo_pl.callbacks.replay import ReplayCallback
+
+__all__ = ["ReplayCallback"]

@@ -1,0 +1,224 @@
+"""ReplayCallback: turns a GRPO LightningModule into ExGRPO.
+
+It decides when replay starts, fills the `TrajectoryBuffer` from every step's rollouts, and before each
+step chooses between an on-policy batch and experience. Works with any module that follows
+`exgrpo_pl.contract.ReplayableModule`, e.g. `ExGRPOModule`:
+
+    trainer = Trainer(callbacks=[ReplayCallback(mode="mix", start_pass_rate=0.35)])
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule
+from exgrpo_pl.replay import SelectiveReplay
+
+
+class ReplayCallback(Callback):
+    """Selective experience replay for GRPO (ExGRPO).
+
+    Replay starts once every configured trigger holds (and then stays on): the epoch has reached
+    `replay_start_epoch`, and a training batch's pass rate has exceeded `start_pass_rate`. From then on,
+    each step replays with probability `replay.replay_probability`, provided the buffer holds at least
+    `min_buffer_size` trajectories on every rank; otherwise the step stays on-policy and is counted in
+    `replay/fallback_steps`. Every decision is taken identically on all ranks (a shared seeded coin and
+    all-reduced conditions), since a rank that generates while another does not deadlocks under ZeRO-3.
+
+    Args:
+        buffer: where trajectories are kept; default `TrajectoryBuffer()` (the seed's defaults).
+        replay: how experience is chosen; default `SelectiveReplay()` (the seed's defaults).
+        mode: "swap" (the seed: with probability p the whole batch is replaced by B*K replayed trajectories
+            and nothing is generated) or "mix" (the paper: a fraction `mix_fraction` of the batch's
+            questions is replaced by experience, each as its stored trajectory plus K-1 fresh rollouts).
+        mix_fraction: rho, share of a mixed batch's questions that come from experience (paper: 0.5).
+        replay_start_epoch: first epoch that may replay (the seed); None = no epoch condition.
+        start_pass_rate: replay starts after a training batch's pass rate exceeds this (paper: 0.35);
+            None = no pass-rate condition.
+        min_buffer_size: fewest stored trajectories to replay from (the seed: 1000).
+    """
+
+    def __init__(
+        self,
+        buffer: TrajectoryBuffer | None = None,
+        replay: SelectiveReplay | None = None,
+        mode: str = "swap",
+        mix_fraction: float = 0.5,
+        replay_start_epoch: int | None = None,
+        start_pass_rate: float | None = None,
+        min_buffer_size: int = 1000,
+    ) -> None:
+        if mode not in REPLAY_MODES:
+            raise ValueError(f"ReplayCallback mode={mode!r}; allowed: {', '.join(REPLAY_MODES)}")
+        if not 0.0 < mix_fraction <= 1.0:
+            raise ValueError(f"ReplayCallback mix_fraction={mix_fraction}: must be in (0, 1]")
+        if replay_start_epoch is not None and replay_start_epoch < 0:
+            raise ValueError(f"ReplayCallback replay_start_epoch={replay_start_epoch}: must be >= 0")
+        if start_pass_rate is not None and not 0.0 <= start_pass_rate <= 1.0:
+            raise ValueError(f"ReplayCallback start_pass_rate={start_pass_rate}: must be in [0, 1]")
+        if min_buffer_size < 1:
+            raise ValueError(f"ReplayCallback min_buffer_size={min_buffer_size}: must be >= 1")
+        self.buffer = buffer if buffer is not None else TrajectoryBuffer()
+        self.replay = replay if replay is not None else SelectiveReplay()
+        self.mode = mode
+        self.mix_fraction = mix_fraction
+        self.replay_start_epoch = replay_start_epoch
+        self.start_pass_rate = start_pass_rate
+        self.min_buffer_size = min_buffer_size
+        self.pass_rate_reached = start_pass_rate is None
+        self.fallback_steps = 0
+        self.replayed_steps = 0
+        self._timings: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------ decisions
+    def replay_active(self, trainer: Trainer) -> bool:
+        """Whether the replay phase has begun (every configured trigger holds)."""
+        epoch_ok = self.replay_start_epoch is None or trainer.current_epoch >= self.replay_start_epoch
+        return epoch_ok and self.pass_rate_reached
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if not isinstance(pl_module, ReplayableModule):
+            raise TypeError(
+                f"ReplayCallback needs a module following exgrpo_pl.contract.ReplayableModule "
+                f"(num_generations and score_entropy); {type(pl_module).__name__} does not"
+            )
+
+    @override
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Retired questions (solved by every rollout) leave on-policy sampling from this epoch on.
+        exclude = getattr(trainer.datamodule, "exclude_questions", None) if trainer.datamodule else None
+        retired = _union_across_ranks(self.buffer.bucketer.retired)
+        if exclude is not None:
+            exclude(retired)
+        elif retired:
+            rank_zero_warn(
+                "ReplayCallback: the datamodule has no exclude_questions(); retired questions stay in"
+            )
+
+    @override
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
+        if not self.replay_active(trainer) or not self.replay.should_replay():
+            return
+        questions = len(batch["prompt"])
+        k = pl_module.num_generations
+        size = questions * k if self.mode == "swap" else max(1, round(self.mix_fraction * questions))
+        if not _all_ranks(trainer, len(self.buffer) >= self.min_buffer_size):
+            self.fallback_steps += 1
+            return
+        started = time.perf_counter()
+        experience = self.replay.sample(self.buffer, size, entropy_fn=self._timed_rescoring(pl_module))
+        self._timings["timing/replay_sample"] = (
+            time.perf_counter() - started - self._timings["timing/replay_rescore"]
+        )
+        if not _all_ranks(trainer, len(experience) > 0):
+            self.fallback_steps += 1
+            return
+        batch["experience"] = Experience(self.mode, experience)
+        self.replayed_steps += 1
+
+    def _timed_rescoring(self, pl_module):
+        def rescore(candidates):
+            started = time.perf_counter()
+            with torch.no_grad():
+                scores = pl_module.score_entropy(candidates).cpu()
+            self._timings["timing/replay_rescore"] += time.perf_counter() - started
+            return scores
+
+        return rescore
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        rollouts = outputs["rollouts"]
+        fresh = ~rollouts.replayed
+        if not self.pass_rate_reached and bool(fresh.any()):
+            pass_rate = rollouts.correct[fresh].float().mean()
+            pass_rate = trainer.strategy.reduce(pass_rate, reduce_op="mean")
+            self.pass_rate_reached = float(pass_rate) > self.start_pass_rate
+        started = time.perf_counter()
+        self.buffer.add(rollouts.to("cpu"))
+        self._timings["timing/replay_add"] = time.perf_counter() - started
+        self._log(trainer, pl_module, rollouts)
+
+    def _log(self, trainer: Trainer, pl_module: LightningModule, rollouts) -> None:
+        replayed = rollouts.replayed
+        stats = self.buffer.stats(current_version=trainer.global_step)
+        metrics = {
+            "replay/active": float(self.replay_active(trainer)),
+            "replay/fraction": replayed.float().mean().item(),
+            "replay/buffer_size": float(len(self.buffer)),
+            "replay/retired": float(stats["retired"]),
+            "replay/fallback_steps": float(self.fallback_steps),
+            "replay/replayed_steps": float(self.replayed_steps),
+            **self._timings,
+        }
+        if bool(replayed.any()):
+            staleness = trainer.global_step - rollouts.policy_version[replayed].float()
+            metrics["replay/staleness"] = staleness.mean().item()
+        for tier, count in enumerate(stats["tier_counts"].tolist()):
+            metrics[f"replay/tier_{tier}"] = float(count)
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollouts))
+
+    # ---------------------------------------------------------------------------- checkpoints
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors and primitives only (loads with `torch.load(weights_only=True)`).
+
+        Every rank keeps its own buffer; under DDP all ranks' states are gathered here (every rank runs
+        this hook, rank 0 writes), and each rank takes its own back on load.
+        """
+        own = {
+            "buffer": self.buffer.state_dict(),
+            "replay": self.replay.state_dict(),
+            "pass_rate_reached": self.pass_rate_reached,
+            "fallback_steps": self.fallback_steps,
+            "replayed_steps": self.replayed_steps,
+        }
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            ranks: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, own)
+            return {"ranks": ranks}
+        return {"ranks": [own]}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ranks = state_dict["ranks"]
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        # With fewer saved ranks than running ones, ranks share saved buffers rather than start empty.
+        own = ranks[rank % len(ranks)]
+        self.buffer.load_state_dict(own["buffer"])
+        self.replay.load_state_dict(own["replay"])
+        self.pass_rate_reached = own["pass_rate_reached"]
+        self.fallback_steps = own["fallback_steps"]
+        self.replayed_steps = own["replayed_steps"]
+
+
+def _all_ranks(trainer: Trainer, flag: bool) -> bool:
+    """True when `flag` holds on every rank, so every rank takes the same branch."""
+    if trainer.world_size == 1:
+        return flag
+    agreed = trainer.strategy.reduce(
+        torch.tensor(float(flag), device=trainer.strategy.root_device), reduce_op="mean"
+    )
+    return bool(agreed >= 1.0)
+
+
+def _union_across_ranks(ids) -> set[int]:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, sorted(ids))
+        return {i for part in gathered for i in part}
+    return set(ids)

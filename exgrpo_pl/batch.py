@@ -1,0 +1,178 @@
+"""RolloutBatch: the trajectories a training step trained on, as the module hands them to the callbacks.
+
+This is the unit of exchange of DESIGN.md section 3: `ExGRPOModule.training_step` returns one, the replay
+callback feeds it to the buffer, and the buffer hands sampled experience back as one. Plain PyTorch, no
+Lightning, so a hand-written loop can use it too.
+
+Layout: rows are trajectories. Prompts are left-padded (generation appends on the right), completions are
+right-padded. Rows that share a question sit next to each other in groups of `group_size`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+_TENSOR_FIELDS = (
+    "question_ids",
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "behaviour_logps",
+    "rewards",
+    "correct",
+    "entropy",
+    "advantages",
+    "policy_version",
+    "replayed",
+)
+_LIST_FIELDS = ("prompts", "completions", "answers", "domains")
+
+
+@dataclass
+class RolloutBatch:
+    """Trajectories with everything replay needs to re-use them later.
+
+    Args:
+        question_ids: `[N]` long. Stable id of each row's question (the buffer keys on it).
+        prompt_ids: `[N, P]` long, left-padded prompt tokens.
+        prompt_mask: `[N, P]` bool, True on real prompt tokens.
+        completion_ids: `[N, C]` long, right-padded completion tokens.
+        completion_mask: `[N, C]` bool, True on real completion tokens.
+        behaviour_logps: `[N, C]` float32. Log-probability of each completion token under the policy that
+            produced it (the behaviour policy); 0 on padding. Importance weights need only this.
+        rewards: `[N]` float. Total (weighted) reward.
+        correct: `[N]` bool. `reward > correct_threshold` as judged when the row was scored.
+        entropy: `[N]` float. Mean token entropy over the completion tokens (padding excluded).
+        advantages: `[N]` float. Advantage the row was trained with.
+        policy_version: `[N]` long. Global step of the policy that generated the row.
+        replayed: `[N]` bool. True for rows that came out of the buffer rather than fresh generation.
+        group_size: rows `[g*group_size, (g+1)*group_size)` share one question. 1 for a batch of
+            independent trajectories (a swap-mode replay batch).
+        prompts: `N` prompt strings.
+        completions: `N` decoded completion strings.
+        answers: `N` reference answers (the dataset's answer column).
+        domains: optional `N` task/domain names, for per-domain difficulty statistics.
+    """
+
+    question_ids: Tensor
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    completion_ids: Tensor
+    completion_mask: Tensor
+    behaviour_logps: Tensor
+    rewards: Tensor
+    correct: Tensor
+    entropy: Tensor
+    advantages: Tensor
+    policy_version: Tensor
+    replayed: Tensor
+    group_size: int = 1
+    prompts: list[str] = field(default_factory=list)
+    completions: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    domains: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        n = self.question_ids.shape[0]
+        for name in _TENSOR_FIELDS:
+            value = getattr(self, name)
+            if value.shape[0] != n:
+                raise ValueError(f"RolloutBatch.{name} has {value.shape[0]} rows, question_ids has {n}")
+        for name in _LIST_FIELDS:
+            value = getattr(self, name)
+            if value is not None and len(value) not in (0, n):
+                raise ValueError(f"RolloutBatch.{name} has {len(value)} entries, question_ids has {n}")
+        if self.group_size < 1 or n % self.group_size:
+            raise ValueError(f"RolloutBatch of {n} rows cannot be split into groups of {self.group_size}")
+
+    def __len__(self) -> int:
+        return self.question_ids.shape[0]
+
+    # The seed's hand-written loop reads a replay batch as a dict with these keys.
+    _SEED_KEYS = {"prompts": "prompts", "rollouts": "completions", "rewards": "rewards"}
+
+    def __getitem__(self, key: str):
+        """`batch["prompts"]`, `batch["rollouts"]`, `batch["rewards"]`: the seed's names for the columns."""
+        if key not in self._SEED_KEYS:
+            raise KeyError(f"RolloutBatch has no key {key!r}; the seed's keys are {sorted(self._SEED_KEYS)}")
+        return getattr(self, self._SEED_KEYS[key])
+
+    def select(self, index: Tensor | Sequence[int], group_size: int = 1) -> RolloutBatch:
+        """The rows at `index` (a bool mask or integer indices), grouped by `group_size`."""
+        index = torch.as_tensor(index, device=self.question_ids.device)
+        if index.dtype == torch.bool:
+            index = index.nonzero().flatten()
+        rows = index.tolist()
+        values = {name: getattr(self, name)[index] for name in _TENSOR_FIELDS}
+        for name in _LIST_FIELDS:
+            value = getattr(self, name)
+            values[name] = None if value is None else ([value[i] for i in rows] if value else [])
+        return replace(self, group_size=group_size, **values)
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        return replace(self, **{name: getattr(self, name).to(device) for name in _TENSOR_FIELDS})
+
+    @property
+    def completion_lengths(self) -> Tensor:
+        """`[N]` number of real completion tokens per row."""
+        return self.completion_mask.sum(-1)
+
+    @staticmethod
+    def cat(batches: Sequence[RolloutBatch], group_size: int | None = None) -> RolloutBatch:
+        """Concatenate rows, re-padding prompts (left) and completions (right) to a common width."""
+        if not batches:
+            raise ValueError("RolloutBatch.cat needs at least one batch")
+        if group_size is None:
+            sizes = {b.group_size for b in batches}
+            if len(sizes) != 1:
+                raise ValueError(f"RolloutBatch.cat of mixed group sizes {sorted(sizes)}: pass group_size")
+            group_size = sizes.pop()
+        p = max(b.prompt_ids.shape[1] for b in batches)
+        c = max(b.completion_ids.shape[1] for b in batches)
+        values: dict[str, object] = {}
+        for name in _TENSOR_FIELDS:
+            parts = [getattr(b, name) for b in batches]
+            if name in ("prompt_ids", "prompt_mask"):
+                parts = [_pad_to(t, p, left=True) for t in parts]
+            elif name in ("completion_ids", "completion_mask", "behaviour_logps"):
+                parts = [_pad_to(t, c, left=False) for t in parts]
+            values[name] = torch.cat(parts)
+        for name in _LIST_FIELDS:
+            parts = [getattr(b, name) for b in batches]
+            if name == "domains" and any(x is None for x in parts):
+                values[name] = None
+            else:
+                values[name] = [item for part in parts for item in part]
+        return RolloutBatch(group_size=group_size, **values)
+
+
+def _pad_to(t: Tensor, width: int, left: bool) -> Tensor:
+    missing = width - t.shape[1]
+    if missing == 0:
+        return t
+    pad = t.new_zeros(t.shape[0], missing)
+    return torch.cat([pad, t] if left else [t, pad], dim=1)
+
+
+def pad_sequences(rows: Sequence[Tensor], left: bool, pad_value: int | float = 0) -> tuple[Tensor, Tensor]:
+    """Stack 1-D tensors of different lengths into `[N, max_len]` plus a bool mask of the real entries."""
+    width = max((len(r) for r in rows), default=0)
+    dtype = rows[0].dtype if rows else torch.long
+    out = torch.full((len(rows), width), pad_value, dtype=dtype)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        n = len(r)
+        if n == 0:
+            continue
+        if left:
+            out[i, width - n :] = r
+            mask[i, width - n :] = True
+        else:
+            out[i, :n] = r
+            mask[i, :n] = True
+    return out, mask

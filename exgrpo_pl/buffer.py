@@ -1,0 +1,614 @@
+"""TrajectoryBuffer: columnar storage of past trajectories, eviction, and the replay sampling strategies.
+
+Every stored trajectory is one slot: per-row metadata lives in preallocated NumPy columns, so selecting
+experience out of 100K trajectories is a handful of vectorised ops; token payloads (trimmed prompt ids,
+completion ids, behaviour log-probs) are one small NumPy array per slot and only the sampled slots' payloads
+are touched. The strategy names and their resolution into (question sampling, trajectory selection) live here.
+Plain PyTorch/NumPy, no Lightning.
+"""
+
+from __future__ import annotations
+
+import heapq
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.difficulty import DifficultyBucketer, check_rate_range, gaussian_bucket_draw, tier_of
+
+QUESTION_SAMPLING = ("medium_range", "gaussian", "uniform")
+TRAJECTORY_SELECTION = ("low_entropy_percentile", "lowest_entropy", "highest_entropy", "random")
+STRATEGIES: dict[str, tuple[str, str]] = {
+    "medium_difficulty_low_entropy": ("medium_range", "low_entropy_percentile"),  # the seed
+    "gaussian_lowest_entropy": ("gaussian", "lowest_entropy"),  # the paper
+    "highest_entropy": ("gaussian", "highest_entropy"),  # the paper's ablation
+    "uniform": ("uniform", "random"),
+}
+STRATEGY_ALIASES = {"entropy_guided": "medium_difficulty_low_entropy"}  # the seed's name in SelectiveReplay
+KEEP_MODES = ("all", "correct", "correct_of_partial")
+
+EntropyFn = Callable[[RolloutBatch], Tensor]
+
+_COLUMNS = {
+    "occupied": np.bool_,
+    "question_id": np.int64,
+    "qidx": np.int64,  # the bucketer's dense index of the question; -1 for free slots and unknown questions
+    "reward": np.float32,
+    "correct": np.bool_,
+    "entropy": np.float32,
+    "policy_version": np.int64,
+    "seq": np.int64,  # insertion order, for oldest-first eviction
+    "prompt_len": np.int64,
+    "completion_len": np.int64,
+    "domain": np.int64,  # index into the buffer's domain names; -1 for none
+}
+# Token payload -> (its mask in a RolloutBatch, its length column, stored dtype).
+_TOKENS = {
+    "prompt_ids": ("prompt_mask", "prompt_len", np.int32),
+    "completion_ids": ("completion_mask", "completion_len", np.int32),
+    "behaviour_logps": ("completion_mask", "completion_len", np.float32),
+}
+_TEXTS = ("prompts", "completions", "answers")
+_PAYLOADS = (*_TOKENS, *_TEXTS)
+_BATCH_FIELDS = {
+    "question_id": "question_ids",
+    "reward": "rewards",
+    "correct": "correct",
+    "entropy": "entropy",
+    "policy_version": "policy_version",
+}
+_DERIVED = ("occupied", "qidx")  # rebuilt on load, not saved
+_SEED_KEYS = ("prompt", "rollout", "reward", "is_correct", "entropy")
+
+
+def resolve_strategy(
+    strategy: str, question_sampling: str | None = None, trajectory_selection: str | None = None
+) -> tuple[str, str]:
+    """The (question_sampling, trajectory_selection) pair a strategy name stands for.
+
+    Args:
+        strategy: a key of `STRATEGIES` or `STRATEGY_ALIASES`.
+        question_sampling: overrides the strategy's question sampling, one of `QUESTION_SAMPLING`.
+        trajectory_selection: overrides the strategy's trajectory selection, one of `TRAJECTORY_SELECTION`.
+    """
+    name = STRATEGY_ALIASES.get(strategy, strategy)
+    if name not in STRATEGIES:
+        raise ValueError(
+            f"strategy must be one of {sorted([*STRATEGIES, *STRATEGY_ALIASES])}, got {strategy!r}"
+        )
+    qs, ts = STRATEGIES[name]
+    qs = qs if question_sampling is None else question_sampling
+    ts = ts if trajectory_selection is None else trajectory_selection
+    if qs not in QUESTION_SAMPLING:
+        raise ValueError(f"question_sampling must be one of {list(QUESTION_SAMPLING)}, got {qs!r}")
+    if ts not in TRAJECTORY_SELECTION:
+        raise ValueError(f"trajectory_selection must be one of {list(TRAJECTORY_SELECTION)}, got {ts!r}")
+    return qs, ts
+
+
+class TrajectoryBuffer:
+    """Bounded store of past trajectories that replay samples from.
+
+    `add` feeds the fresh rows of a batch to the bucketer, filters them by `keep` and stores them; questions
+    the bucketer retires are removed. Eviction: when all `max_size` slots are taken, the oldest trajectories
+    (smallest insertion sequence number) are evicted first, and freed slots are reused lowest first.
+
+    The buffer keeps each trajectory's per-token log-probs under the policy that generated it (the behaviour
+    policy) and that policy's version, so importance weights need no copy of the old model: this is what
+    the seed's `trajectory_buffer.policy_snapshot` stands for (see `policy_snapshot`).
+
+    Args:
+        max_size: maximum number of stored trajectories, >= 1.
+        difficulty_tiers: number of tiers `stats()` counts trajectories in, by their question's rate.
+        entropy_percentiles: percentiles (0..100, increasing) that split stored entropies into bands;
+            `sample(entropy_percentile=...)` must be one of them.
+        bucketer: the source of per-question correctness rates; a new `DifficultyBucketer()` when None.
+        keep: which fresh trajectories are stored. "all" (the seed): every one; "correct": the correct ones;
+            "correct_of_partial" (the paper): the correct ones of questions whose latest group had
+            0 < correct < total.
+    """
+
+    def __init__(
+        self,
+        max_size: int = 100_000,
+        difficulty_tiers: int = 5,
+        entropy_percentiles: Sequence[float] = (25, 50, 75),
+        bucketer: DifficultyBucketer | None = None,
+        keep: str = "all",
+    ) -> None:
+        if max_size < 1:
+            raise ValueError(f"max_size must be >= 1, got {max_size}")
+        if difficulty_tiers < 1:
+            raise ValueError(f"difficulty_tiers must be >= 1, got {difficulty_tiers}")
+        percentiles = [float(p) for p in entropy_percentiles]
+        if any(not 0 <= p <= 100 for p in percentiles) or any(
+            a >= b for a, b in zip(percentiles[:-1], percentiles[1:], strict=True)
+        ):
+            raise ValueError(
+                f"entropy_percentiles must be increasing values in [0, 100], got {entropy_percentiles}"
+            )
+        if keep not in KEEP_MODES:
+            raise ValueError(f"keep must be one of {list(KEEP_MODES)}, got {keep!r}")
+        self.max_size = int(max_size)
+        self.difficulty_tiers = int(difficulty_tiers)
+        self.entropy_percentiles = tuple(percentiles)
+        self.keep = keep
+        self._bucketer = bucketer if bucketer is not None else DifficultyBucketer()
+        self.clear()
+
+    @property
+    def bucketer(self) -> DifficultyBucketer:
+        return self._bucketer
+
+    def __len__(self) -> int:
+        return self._size
+
+    def clear(self) -> None:
+        """Drop every stored trajectory. The bucketer's statistics and retired set are kept."""
+        self._cols = {name: np.zeros(0, dtype=dtype) for name, dtype in _COLUMNS.items()}
+        self._payload: dict[str, list] = {name: [] for name in _PAYLOADS}
+        self._size = 0
+        self._high_water = 0  # slots at or above it were never used
+        self._free: list[int] = []  # heap of freed slots below the high-water mark
+        self._next_seq = 0
+        self._domain_names: list[str] = []
+        self._qidx_version = self._bucketer.layout_version
+
+    def _reserve(self, n: int) -> None:
+        capacity = len(self._cols["seq"])
+        if n <= capacity:
+            return
+        new = max(capacity, 256)
+        while new < n:
+            new *= 2
+        new = min(new, self.max_size)
+        for name, col in self._cols.items():
+            grown = np.zeros(new, dtype=col.dtype)
+            grown[:capacity] = col
+            self._cols[name] = grown
+        self._cols["qidx"][capacity:] = -1
+        for values in self._payload.values():
+            values.extend([None] * (new - capacity))
+
+    def _release(self, slots: np.ndarray) -> None:
+        self._cols["occupied"][slots] = False
+        self._cols["qidx"][slots] = -1
+        for values in self._payload.values():
+            for s in slots.tolist():
+                values[s] = None
+        for s in slots.tolist():
+            heapq.heappush(self._free, s)
+        self._size -= len(slots)
+
+    def _occupied(self) -> np.ndarray:
+        return np.flatnonzero(self._cols["occupied"][: self._high_water])
+
+    def _allocate(self, k: int) -> np.ndarray:
+        evict = k - (len(self._free) + self.max_size - self._high_water)
+        if evict > 0:
+            occupied = self._occupied()
+            seq = self._cols["seq"][occupied]
+            oldest = np.argpartition(seq, evict - 1)[:evict] if evict < len(seq) else np.arange(len(seq))
+            self._release(occupied[oldest])
+        slots = [heapq.heappop(self._free) for _ in range(min(k, len(self._free)))]
+        fresh = k - len(slots)
+        slots.extend(range(self._high_water, self._high_water + fresh))
+        self._high_water += fresh
+        self._reserve(self._high_water)
+        return np.asarray(slots, dtype=np.int64)
+
+    def _sync_qidx(self) -> None:
+        """Re-derive cached dense question indices after the bucketer's layout changed (a state load)."""
+        if self._qidx_version == self._bucketer.layout_version:
+            return
+        occupied = self._occupied()
+        self._cols["qidx"][occupied] = self._bucketer.dense_index(self._cols["question_id"][occupied])
+        self._qidx_version = self._bucketer.layout_version
+
+    def add(self, trajectory: RolloutBatch | Mapping) -> int:
+        """Record fresh trajectories: update the bucketer, drop retired questions, store what `keep` admits.
+
+        Args:
+            trajectory: a `RolloutBatch` (rows with `replayed=True` are ignored entirely: they are not fresh
+                evidence of difficulty), or the seed's dict with keys "prompt", "rollout", "reward",
+                "is_correct", "entropy" and optionally "question_id" (default: CRC32 of the UTF-8 prompt),
+                "answer", "prompt_ids", "completion_ids", "behaviour_logps", "policy_version", "domain".
+
+        Returns:
+            the number of trajectories stored.
+        """
+        batch = _batch_from_seed_dict(trajectory) if isinstance(trajectory, Mapping) else trajectory
+        if not isinstance(batch, RolloutBatch):
+            raise TypeError(
+                f"add() takes a RolloutBatch or a trajectory dict, got {type(trajectory).__name__}"
+            )
+        fresh = ~batch.replayed
+        if not bool(fresh.any()):
+            return 0
+        if not bool(fresh.all()):
+            batch = batch.select(fresh)
+        self._sync_qidx()
+        retired_now = self._bucketer.update(batch.question_ids, batch.rewards, batch.domains)
+        if len(retired_now):
+            self.remove_questions(retired_now)
+        qidx = self._bucketer.dense_index(batch.question_ids)
+        keep = ~self._bucketer.dense_retired()[qidx]
+        if self.keep != "all":
+            keep &= batch.correct.numpy()
+        if self.keep == "correct_of_partial":
+            c, t = (x.numpy() for x in self._bucketer.latest_counts(batch.question_ids))
+            keep &= (c > 0) & (c < t)
+        rows = np.flatnonzero(keep)[-self.max_size :]
+        if len(rows):
+            self._store(batch, rows, qidx[rows])
+        return len(rows)
+
+    def _store(self, batch: RolloutBatch, rows: np.ndarray, qidx: np.ndarray) -> None:
+        slots = self._allocate(len(rows))
+        cols = self._cols
+        for name, field in _BATCH_FIELDS.items():
+            cols[name][slots] = _numpy(getattr(batch, field))[rows]
+        cols["occupied"][slots] = True
+        cols["qidx"][slots] = qidx
+        cols["seq"][slots] = np.arange(self._next_seq, self._next_seq + len(rows))
+        self._next_seq += len(rows)
+        self._size += len(rows)
+        if batch.domains is None:
+            cols["domain"][slots] = -1
+        else:
+            codes = {name: i for i, name in enumerate(self._domain_names)}
+            for slot, row in zip(slots.tolist(), rows.tolist(), strict=True):
+                name = batch.domains[row]
+                if name not in codes:
+                    codes[name] = len(self._domain_names)
+                    self._domain_names.append(name)
+                cols["domain"][slot] = codes[name]
+        payload: dict[str, Sequence] = {}
+        for name, (mask_name, length_name, dtype) in _TOKENS.items():
+            mask = _numpy(getattr(batch, mask_name))[rows]
+            lengths = mask.sum(1)
+            cols[length_name][slots] = lengths
+            # One masked copy per field, then a view per row: no per-row array ops.
+            flat = _numpy(getattr(batch, name))[rows][mask].astype(dtype)
+            payload[name] = np.split(flat, np.cumsum(lengths)[:-1])
+        for name in _TEXTS:
+            texts = getattr(batch, name)
+            payload[name] = [texts[r] for r in rows.tolist()] if texts else [""] * len(rows)
+        for name, values in payload.items():
+            for slot, value in zip(slots.tolist(), values, strict=True):
+                self._payload[name][slot] = value
+
+    def remove_questions(self, question_ids: Tensor | Sequence[int]) -> int:
+        """Remove every stored trajectory of these questions (used for retired ones). Returns how many."""
+        ids = np.asarray(torch.as_tensor(question_ids, dtype=torch.long).reshape(-1).numpy())
+        occupied = self._occupied()
+        slots = occupied[np.isin(self._cols["question_id"][occupied], ids)]
+        self._release(slots)
+        return len(slots)
+
+    def sample(
+        self,
+        strategy: str = "medium_difficulty_low_entropy",
+        *,
+        size: int,
+        difficulty_range: tuple[float, float] = (0.3, 0.7),
+        entropy_percentile: float = 25,
+        generator: torch.Generator | None = None,
+        entropy_fn: EntropyFn | None = None,
+        gaussian_sigma: float = 0.125,
+        question_sampling: str | None = None,
+        trajectory_selection: str | None = None,
+    ) -> RolloutBatch:
+        """Draw up to `size` stored trajectories as a replay batch (`replayed=True`, `group_size=1`).
+
+        A strategy is a (question sampling, trajectory selection) pair, see `STRATEGIES`. Question sampling:
+        "medium_range" keeps questions whose current rate lies in `difficulty_range`; "gaussian" (the paper)
+        draws a rate bucket with weight `exp(-(rate - 0.5)^2 / (2 sigma^2))`, then a question uniformly
+        without replacement inside it, until `size` questions or none are left; "uniform" draws questions
+        uniformly without replacement. Trajectory selection: "low_entropy_percentile" (the seed) keeps
+        trajectories whose stored entropy is <= the `entropy_percentile`-th percentile of the candidates';
+        "lowest_entropy" (the paper) / "highest_entropy" take per question the trajectory with the lowest /
+        highest entropy under the current policy, `entropy_fn(candidates)` called once on every stored
+        trajectory of the sampled questions (stored entropy when None); "random" takes one uniformly.
+        "medium_range" with "low_entropy_percentile" samples trajectories uniformly (the seed's unit); every
+        other pair samples questions, one trajectory each. Retired questions are never sampled; with fewer
+        eligible than `size`, fewer rows (possibly none) come back.
+
+        Advantages are `reward - current rate of the question`: a fresh estimate of the group-mean baseline
+        under today's policy, where the advantage stored at collection time would be stale.
+
+        Args:
+            strategy: a name in `STRATEGIES` or `STRATEGY_ALIASES`.
+            size: number of rows wanted, >= 0.
+            difficulty_range: (low, high) rate range of "medium_range", 0 <= low <= high <= 1.
+            entropy_percentile: percentile of "low_entropy_percentile", one of `entropy_percentiles`.
+            generator: source of randomness; torch's global generator when None.
+            entropy_fn: mean completion-token entropy under the current policy, `RolloutBatch -> [n]`.
+            gaussian_sigma: bucket weight width of "gaussian" in rate units, > 0 (1/8: one count at K=8).
+            question_sampling: overrides the strategy's question sampling.
+            trajectory_selection: overrides the strategy's trajectory selection.
+        """
+        qs, ts = resolve_strategy(strategy, question_sampling, trajectory_selection)
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+            raise ValueError(f"size must be an int >= 0, got {size!r}")
+        low, high = check_rate_range(difficulty_range, "difficulty_range")
+        if ts == "low_entropy_percentile" and entropy_percentile not in self.entropy_percentiles:
+            raise ValueError(
+                f"entropy_percentile must be one of entropy_percentiles {list(self.entropy_percentiles)}, "
+                f"got {entropy_percentile!r}"
+            )
+        if qs == "gaussian" and not gaussian_sigma > 0:
+            raise ValueError(f"gaussian_sigma must be > 0, got {gaussian_sigma!r}")
+        self._sync_qidx()
+        hw = self._high_water
+        qidx = self._cols["qidx"][:hw]
+        rates = self._bucketer.dense_rates()
+        # One extra False entry so that free slots (qidx -1) index it and drop out.
+        question_ok = np.append(np.isfinite(rates) & ~self._bucketer.dense_retired(), False)
+        if qs == "medium_range":
+            question_ok[:-1] &= (rates >= low) & (rates <= high)
+        candidate = question_ok[qidx]
+        if ts == "low_entropy_percentile" and candidate.any():
+            entropy = self._cols["entropy"][:hw]
+            candidate &= entropy <= _percentile(entropy[candidate], entropy_percentile)
+        if qs == "medium_range" and ts == "low_entropy_percentile":
+            rows = np.flatnonzero(candidate)
+            return self._gather(rows[_choose(len(rows), size, generator)])
+        eligible = np.flatnonzero(np.bincount(qidx[candidate], minlength=len(rates)))
+        if qs == "gaussian":
+            chosen = eligible[gaussian_bucket_draw(rates[eligible], size, gaussian_sigma, generator)]
+        else:
+            chosen = eligible[_choose(len(eligible), size, generator)]
+        position = np.full(len(rates) + 1, -1, dtype=np.int64)
+        position[chosen] = np.arange(len(chosen))
+        row_position = position[qidx]
+        if not len(chosen):
+            return self._gather(chosen)
+        if ts in ("lowest_entropy", "highest_entropy"):
+            pool = np.flatnonzero(row_position >= 0)
+            if entropy_fn is None:
+                key = self._cols["entropy"][pool].astype(np.float64)
+            else:
+                key = torch.as_tensor(entropy_fn(self._gather(pool))).detach().cpu().double().numpy()
+                if key.shape != pool.shape:
+                    raise ValueError(f"entropy_fn returned shape {key.shape}, expected ({len(pool)},)")
+            key = key if ts == "lowest_entropy" else -key
+        else:
+            pool = np.flatnonzero(candidate & (row_position >= 0))
+            key = torch.rand(len(pool), generator=generator, dtype=torch.float64).numpy()
+        group = row_position[pool]
+        order = np.lexsort((key, group))  # by sampling position, then best key first
+        first = np.flatnonzero(np.diff(group[order], prepend=-1))
+        return self._gather(pool[order[first]])
+
+    def _gather(self, slots: np.ndarray) -> RolloutBatch:
+        cols, payload = self._cols, self._payload
+        rows = slots.tolist()
+        prompt_len, completion_len = cols["prompt_len"][slots], cols["completion_len"][slots]
+        prompt_ids, prompt_mask = _pad_rows(
+            [payload["prompt_ids"][s] for s in rows], prompt_len, True, np.int64
+        )
+        completion_ids, completion_mask = _pad_rows(
+            [payload["completion_ids"][s] for s in rows], completion_len, False, np.int64
+        )
+        logps, _ = _pad_rows([payload["behaviour_logps"][s] for s in rows], completion_len, False, np.float32)
+        rewards = torch.from_numpy(cols["reward"][slots])
+        rates = self._row_rates(slots)
+        codes = cols["domain"][slots]
+        domains = None
+        if (codes >= 0).any():
+            domains = [self._domain_names[c] if c >= 0 else "default" for c in codes.tolist()]
+        return RolloutBatch(
+            question_ids=torch.from_numpy(cols["question_id"][slots]),
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            behaviour_logps=logps,
+            rewards=rewards,
+            correct=torch.from_numpy(cols["correct"][slots]),
+            entropy=torch.from_numpy(cols["entropy"][slots]),
+            advantages=rewards - torch.from_numpy(rates).float(),
+            policy_version=torch.from_numpy(cols["policy_version"][slots]),
+            replayed=torch.ones(len(rows), dtype=torch.bool),
+            group_size=1,
+            prompts=[payload["prompts"][s] for s in rows],
+            completions=[payload["completions"][s] for s in rows],
+            answers=[payload["answers"][s] for s in rows],
+            domains=domains,
+        )
+
+    @property
+    def policy_snapshot(self) -> dict[str, object]:
+        """What stands in for the old policy: per stored row (slot order) its "policy_version" (long tensor),
+        "question_ids" and "behaviour_logps" (a list of per-token log-prob tensors under the behaviour
+        policy). Importance weights `pi_theta / pi_behaviour` need nothing else, so no old model is kept."""
+        occupied = self._occupied()
+        return {
+            "policy_version": torch.from_numpy(self._cols["policy_version"][occupied]),
+            "question_ids": torch.from_numpy(self._cols["question_id"][occupied]),
+            "behaviour_logps": [
+                torch.from_numpy(self._payload["behaviour_logps"][s]) for s in occupied.tolist()
+            ],
+        }
+
+    def entropies(self) -> Tensor:
+        """float32 entropy at collection of each stored trajectory (slot order)."""
+        return torch.from_numpy(self._cols["entropy"][self._occupied()])
+
+    def rates(self) -> Tensor:
+        """float32 current correctness rate of each stored trajectory's question (slot order)."""
+        return torch.from_numpy(self._row_rates(self._occupied())).float()
+
+    def _row_rates(self, slots: np.ndarray) -> np.ndarray:
+        self._sync_qidx()
+        return np.append(self._bucketer.dense_rates(), np.nan)[self._cols["qidx"][slots]]
+
+    def staleness(self, current_version: int) -> Tensor:
+        """long `current_version - policy_version` of each stored trajectory (slot order)."""
+        return current_version - torch.from_numpy(self._cols["policy_version"][self._occupied()])
+
+    def stats(self, current_version: int | None = None) -> dict[str, float | Tensor]:
+        """Buffer statistics for logging.
+
+        Returns "size", "num_questions" (distinct stored), "retired" (bucketer's retired count),
+        "tier_counts" (`[difficulty_tiers]` stored trajectories per tier of their question's current rate),
+        "entropy_band_edges" (the `entropy_percentiles` of stored entropies) and "entropy_band_counts"
+        (`[len(entropy_percentiles) + 1]`, a band including its upper edge), and with `current_version`
+        "staleness_mean" / "staleness_max" in policy versions.
+        """
+        entropy = self.entropies().numpy()
+        rates = torch.from_numpy(self._row_rates(self._occupied()))
+        edges = np.percentile(entropy, self.entropy_percentiles) if entropy.size else np.zeros(0)
+        bands = np.searchsorted(edges, entropy, side="left")
+        out: dict[str, float | Tensor] = {
+            "size": float(self._size),
+            "num_questions": float(len(np.unique(self._cols["question_id"][self._occupied()]))),
+            "retired": float(len(self._bucketer.retired)),
+            "tier_counts": torch.bincount(
+                tier_of(rates[~rates.isnan()], self.difficulty_tiers), minlength=self.difficulty_tiers
+            ),
+            "entropy_band_edges": torch.as_tensor(edges, dtype=torch.float32).reshape(-1),
+            "entropy_band_counts": torch.from_numpy(
+                np.bincount(bands, minlength=len(self.entropy_percentiles) + 1)
+            ),
+        }
+        if current_version is not None:
+            stale = self.staleness(current_version).double()
+            out["staleness_mean"] = float(stale.mean()) if len(stale) else 0.0
+            out["staleness_max"] = float(stale.max()) if len(stale) else 0.0
+        return out
+
+    def state_dict(self) -> dict:
+        """Rows oldest first as tensors, flat payloads with lengths, text as lists, and the bucketer's state;
+        loadable with `torch.load(weights_only=True)`."""
+        occupied = self._occupied()
+        slots = occupied[np.argsort(self._cols["seq"][occupied], kind="stable")]
+        rows = slots.tolist()
+        state: dict[str, object] = {
+            "slots": torch.from_numpy(slots.copy()),
+            **{
+                name: torch.from_numpy(col[slots]) for name, col in self._cols.items() if name not in _DERIVED
+            },
+        }
+        for name, (_, _, dtype) in _TOKENS.items():
+            state[name] = torch.from_numpy(
+                np.concatenate([self._payload[name][s] for s in rows] or [np.zeros(0, dtype)])
+            )
+        for name in _TEXTS:
+            state[name] = [self._payload[name][s] for s in rows]
+        state.update(
+            domain_names=list(self._domain_names),
+            next_seq=self._next_seq,
+            high_water=self._high_water,
+            bucketer=self._bucketer.state_dict(),
+        )
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()` output. A smaller `max_size` keeps the newest rows that fit (compacted)."""
+        self._bucketer.load_state_dict(state["bucketer"])
+        self.clear()
+        n = len(state["seq"])
+        keep = slice(max(0, n - self.max_size), n)
+        if keep.start == 0 and state["high_water"] <= self.max_size:
+            slots, self._high_water = state["slots"].numpy().copy(), int(state["high_water"])
+        else:
+            slots = np.arange(n - keep.start, dtype=np.int64)
+            self._high_water = len(slots)
+        self._reserve(self._high_water)
+        for name in _COLUMNS:
+            if name not in _DERIVED:
+                self._cols[name][slots] = state[name][keep].numpy()
+        self._cols["occupied"][slots] = True
+        self._cols["qidx"][slots] = self._bucketer.dense_index(self._cols["question_id"][slots])
+        for name, (_, length_name, _) in _TOKENS.items():
+            flat = state[name].numpy()
+            values = np.split(flat, np.cumsum(state[length_name].numpy())[:-1])[keep]
+            for slot, value in zip(slots.tolist(), values, strict=True):
+                self._payload[name][slot] = value
+        for name in _TEXTS:
+            for slot, value in zip(slots.tolist(), state[name][keep], strict=True):
+                self._payload[name][slot] = value
+        self._size = len(slots)
+        free = np.ones(self._high_water, dtype=bool)
+        free[slots] = False
+        self._free = np.flatnonzero(free).tolist()  # ascending, hence already a heap
+        self._next_seq = int(state["next_seq"])
+        self._domain_names = list(state["domain_names"])
+
+
+def _batch_from_seed_dict(trajectory: Mapping) -> RolloutBatch:
+    missing = [key for key in _SEED_KEYS if key not in trajectory]
+    if missing:
+        raise ValueError(f"trajectory dict is missing keys {missing}; required keys are {list(_SEED_KEYS)}")
+    prompt = str(trajectory["prompt"])
+    question_id = trajectory.get("question_id", zlib.crc32(prompt.encode("utf-8")))
+    prompt_ids = torch.as_tensor(trajectory.get("prompt_ids", []), dtype=torch.long).reshape(1, -1)
+    completion_ids = torch.as_tensor(trajectory.get("completion_ids", []), dtype=torch.long).reshape(1, -1)
+    logps = trajectory.get("behaviour_logps")
+    logps = (
+        torch.zeros(completion_ids.shape) if logps is None else torch.as_tensor(logps).float().reshape(1, -1)
+    )
+    return RolloutBatch(
+        question_ids=torch.tensor([int(question_id)]),
+        prompt_ids=prompt_ids,
+        prompt_mask=torch.ones(prompt_ids.shape, dtype=torch.bool),
+        completion_ids=completion_ids,
+        completion_mask=torch.ones(completion_ids.shape, dtype=torch.bool),
+        behaviour_logps=logps,
+        rewards=torch.tensor([float(trajectory["reward"])]),
+        correct=torch.tensor([bool(trajectory["is_correct"])]),
+        entropy=torch.tensor([float(trajectory["entropy"])]),
+        advantages=torch.zeros(1),
+        policy_version=torch.tensor([int(trajectory.get("policy_version", 0))]),
+        replayed=torch.zeros(1, dtype=torch.bool),
+        prompts=[prompt],
+        completions=[str(trajectory["rollout"])],
+        answers=[str(trajectory["answer"])] if "answer" in trajectory else [],
+        domains=[str(trajectory["domain"])] if "domain" in trajectory else None,
+    )
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    return (t.float() if t.is_floating_point() else t).numpy()
+
+
+def _pad_rows(rows: list[np.ndarray], lengths: np.ndarray, left: bool, dtype: type) -> tuple[Tensor, Tensor]:
+    """`exgrpo_pl.batch.pad_sequences` (zero padding) as one masked NumPy write instead of per-row copies."""
+    width = int(lengths.max(initial=0))
+    positions = np.arange(width)
+    mask = positions >= (width - lengths)[:, None] if left else positions < lengths[:, None]
+    out = np.zeros((len(rows), width), dtype=dtype)
+    if rows:
+        out[mask] = np.concatenate(rows)  # a boolean-mask write fills row by row, left to right
+    return torch.from_numpy(out), torch.from_numpy(mask)
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    """`np.percentile(values, q)` (linear interpolation) from one partial sort, several times faster."""
+    position = q / 100 * (len(values) - 1)
+    low = int(position)
+    high = min(low + 1, len(values) - 1)
+    part = np.partition(values, (low, high))
+    return float(part[low]) + (float(part[high]) - float(part[low])) * (position - low)
+
+
+def _choose(n: int, k: int, generator: torch.Generator | None) -> np.ndarray:
+    """`min(k, n)` distinct indices of `range(n)`, uniformly without replacement, in random order."""
+    k = min(k, n)
+    if 4 * k >= n:
+        return torch.randperm(n, generator=generator)[:k].numpy()
+    # Few out of many: iid draws with repeats dropped are exact and cost O(k) instead of O(n).
+    picked = np.zeros(0, dtype=np.int64)
+    while len(picked) < k:
+        draws = torch.randint(n, (2 * (k - len(picked)),), generator=generator).numpy()
+        both = np.concatenate([picked, draws])
+        _, first = np.unique(both, return_index=True)
+        picked = both[np.sort(first)][:k]
+    return picked

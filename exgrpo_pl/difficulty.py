@@ -1,0 +1,364 @@
+"""DifficultyBucketer: windowed per-question correctness rates, difficulty tiers and the retired set.
+
+The bucketer is the single source of "how hard is this question right now" for the buffer and the replay
+sampler. It sees every fresh scored trajectory (`update`), keeps a window of each question's most recent
+outcomes (the seed's `window_size`, so difficulty follows the policy as it improves), remembers the
+question's latest group (the rollouts of one update call, the paper's buckets) and retires questions that a
+whole group solved. Plain PyTorch/NumPy, no Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import deque
+
+import numpy as np
+import torch
+from torch import Tensor
+
+METRICS = ("correctness_rate",)
+
+# A rate c/n that equals a tier edge k/num_tiers can land just below it after rounding (by up to ~6e-8 for
+# float32 input); nudging rates up by this keeps it in tier k. A real rate is never that close below an edge
+# unless its window holds over a million outcomes.
+_TIER_EPS = 1e-6
+
+
+def tier_of(rates: Tensor, num_tiers: int) -> Tensor:
+    """Difficulty tier of each correctness rate: `min(floor(rate * num_tiers), num_tiers - 1)`.
+
+    Tiers split [0, 1] into `num_tiers` equal bins, the last one closed (rate 1.0 is in the top tier).
+    Rates outside [0, 1] are clamped into the first or last tier.
+
+    Args:
+        rates: float tensor of rates in [0, 1], any shape; must not contain nan.
+        num_tiers: number of tiers, >= 1.
+
+    Returns:
+        long tensor of the same shape with values in `[0, num_tiers)`.
+    """
+    if num_tiers < 1:
+        raise ValueError(f"num_tiers must be >= 1, got {num_tiers}")
+    rates = torch.as_tensor(rates, dtype=torch.float64)
+    if torch.isnan(rates).any():
+        raise ValueError("tier_of: rates contain nan (unknown questions have no tier)")
+    tiers = torch.floor((rates + _TIER_EPS) * num_tiers).long()
+    return tiers.clamp_(0, num_tiers - 1)
+
+
+class DifficultyBucketer:
+    """Per-question correctness over a window of recent trajectories.
+
+    Each question has a window of its last `window_size` outcomes (correct or not) and a latest group, the
+    outcomes it got in the most recent `update` call. Its rate is the mean of the window. A question whose
+    latest group has at least `min_retire_group` rollouts, all correct, is retired: the paper removes such
+    questions from the buffer and from on-policy sampling, because a group with no failures has zero
+    advantage and teaches nothing.
+
+    Questions get a dense index in order of first appearance; the `dense_*` accessors expose per-question
+    arrays in that order so the buffer can look rates up for 100K rows with one gather.
+
+    Args:
+        metric: how difficulty is measured. Only "correctness_rate" (the fraction of correct rollouts).
+        window_size: number of most recent outcomes per question that its rate is computed over, >= 1.
+        correct_threshold: a rollout is correct when its reward is strictly greater than this.
+        retire_solved: retire questions that a whole latest group solved.
+        min_retire_group: smallest latest group that can retire a question, >= 1. With the default of 2,
+            trajectories added one at a time (the seed's loop) never retire anything.
+    """
+
+    def __init__(
+        self,
+        metric: str = "correctness_rate",
+        window_size: int = 100,
+        correct_threshold: float = 0.5,
+        retire_solved: bool = True,
+        min_retire_group: int = 2,
+    ) -> None:
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+        if window_size < 1:
+            raise ValueError(f"window_size must be >= 1, got {window_size}")
+        if min_retire_group < 1:
+            raise ValueError(f"min_retire_group must be >= 1, got {min_retire_group}")
+        self.metric = metric
+        self.window_size = int(window_size)
+        self.correct_threshold = float(correct_threshold)
+        self.retire_solved = bool(retire_solved)
+        self.min_retire_group = int(min_retire_group)
+        self._layout_version = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._index: dict[int, int] = {}
+        self._windows: list[deque[bool]] = []
+        self._qids = np.zeros(0, dtype=np.int64)
+        self._rate = np.zeros(0, dtype=np.float64)
+        self._latest_correct = np.zeros(0, dtype=np.int64)
+        self._latest_total = np.zeros(0, dtype=np.int64)
+        self._retired_mask = np.zeros(0, dtype=bool)
+        self._domain = np.zeros(0, dtype=np.int64)
+        self._domain_names: list[str] = []
+        self._domain_codes: dict[str, int] = {}
+        self._retired: set[int] = set()
+        self._warned_non_binary = False
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def _grow(self, extra: int) -> None:
+        def grown(a: np.ndarray, fill) -> np.ndarray:
+            return np.concatenate([a, np.full(extra, fill, dtype=a.dtype)])
+
+        self._qids = grown(self._qids, 0)
+        self._rate = grown(self._rate, np.nan)
+        self._latest_correct = grown(self._latest_correct, 0)
+        self._latest_total = grown(self._latest_total, 0)
+        self._retired_mask = grown(self._retired_mask, False)
+        self._domain = grown(self._domain, -1)
+
+    def _domain_code(self, name: str) -> int:
+        if name not in self._domain_codes:
+            self._domain_codes[name] = len(self._domain_names)
+            self._domain_names.append(name)
+        return self._domain_codes[name]
+
+    def update(self, question_ids: Tensor, rewards: Tensor, domains: list[str] | None = None) -> Tensor:
+        """Record one batch of fresh scored trajectories.
+
+        Args:
+            question_ids: `[N]` long question id of each trajectory.
+            rewards: `[N]` float reward of each trajectory; correct means `reward > correct_threshold`.
+            domains: optional `N` domain names; each question remembers the last one it was seen with.
+
+        Returns:
+            long tensor of the question ids retired by this call.
+        """
+        qids = torch.as_tensor(question_ids).reshape(-1).tolist()
+        r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
+        if len(qids) != r.numel() or (domains is not None and len(domains) != len(qids)):
+            raise ValueError(
+                f"update: question_ids ({len(qids)}), rewards ({r.numel()}) and domains "
+                f"({None if domains is None else len(domains)}) must have the same length"
+            )
+        if not self._warned_non_binary and not bool(((r == 0) | (r == 1)).all()):
+            warnings.warn(
+                "DifficultyBucketer got rewards outside {0, 1}: ExGRPO is designed for discrete correctness "
+                "and is not recommended for continuous reward domains; correctness is reward > "
+                f"{self.correct_threshold}.",
+                UserWarning,
+                stacklevel=2,
+            )
+            self._warned_non_binary = True
+        correct = (r > self.correct_threshold).tolist()
+        groups: dict[int, list[bool]] = {}
+        for q, c in zip(qids, correct, strict=True):
+            groups.setdefault(q, []).append(c)
+        new = [q for q in groups if q not in self._index]
+        if new:
+            start = len(self._index)
+            self._grow(len(new))
+            for offset, q in enumerate(new):
+                self._index[q] = start + offset
+                self._windows.append(deque(maxlen=self.window_size))
+            self._qids[start:] = new
+        if domains is not None:
+            for q, d in zip(qids, domains, strict=True):
+                self._domain[self._index[q]] = self._domain_code(d)
+        retired_now = []
+        for q, outcomes in groups.items():
+            i = self._index[q]
+            window = self._windows[i]
+            window.extend(outcomes)
+            self._rate[i] = sum(window) / len(window)
+            self._latest_correct[i] = sum(outcomes)
+            self._latest_total[i] = len(outcomes)
+            solved = len(outcomes) >= self.min_retire_group and all(outcomes)
+            if self.retire_solved and solved and not self._retired_mask[i]:
+                self._retired_mask[i] = True
+                self._retired.add(q)
+                retired_now.append(q)
+        return torch.tensor(retired_now, dtype=torch.long)
+
+    def dense_index(self, question_ids: np.ndarray | Tensor) -> np.ndarray:
+        """Dense index of each question id (-1 for unknown ones), for indexing the `dense_*` arrays."""
+        ids = np.asarray(question_ids, dtype=np.int64).reshape(-1)
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        looked_up = np.array([self._index.get(int(q), -1) for q in uniq], dtype=np.int64)
+        return looked_up[inverse]
+
+    def dense_rates(self) -> np.ndarray:
+        """`[num_known]` float64 rate of each question, in dense order. Read-only view."""
+        view = self._rate.view()
+        view.flags.writeable = False
+        return view
+
+    def dense_retired(self) -> np.ndarray:
+        """`[num_known]` bool retired flag of each question, in dense order. Read-only view."""
+        view = self._retired_mask.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def layout_version(self) -> int:
+        """Changes whenever dense indices are reassigned (on `load_state_dict`), so cached ones go stale."""
+        return self._layout_version
+
+    def rates(self, question_ids: Tensor) -> Tensor:
+        """float32 correctness rate of each question over its window; nan for unknown questions."""
+        idx = self.dense_index(question_ids)
+        out = np.full(idx.shape, np.nan)
+        known = idx >= 0
+        out[known] = self._rate[idx[known]]
+        return torch.from_numpy(out).float()
+
+    def latest_counts(self, question_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """(correct, total) long counts of each question's latest group; (0, 0) for unknown questions."""
+        idx = self.dense_index(question_ids)
+        known = idx >= 0
+        correct = np.zeros(idx.shape, dtype=np.int64)
+        total = np.zeros(idx.shape, dtype=np.int64)
+        correct[known] = self._latest_correct[idx[known]]
+        total[known] = self._latest_total[idx[known]]
+        return torch.from_numpy(correct), torch.from_numpy(total)
+
+    def known_questions(self) -> Tensor:
+        """long ids of every question seen so far, retired ones included, in order of first appearance."""
+        return torch.from_numpy(self._qids.copy())
+
+    @property
+    def retired(self) -> frozenset[int]:
+        """Ids of retired questions (a snapshot; retire questions through `update`)."""
+        return frozenset(self._retired)
+
+    def rates_by_domain(self) -> dict[str, Tensor]:
+        """float32 rates of known, non-retired questions per domain ("default" for questions without one)."""
+        names = self._domain_names + ["default"]
+        codes = np.where(self._domain < 0, len(self._domain_names), self._domain)
+        active = ~self._retired_mask
+        return {
+            names[c]: torch.from_numpy(self._rate[(codes == c) & active]).float() for c in np.unique(codes)
+        }
+
+    def histogram(self, num_tiers: int) -> Tensor:
+        """`[num_tiers]` long count of known questions (retired ones included) per difficulty tier."""
+        tiers = tier_of(torch.from_numpy(self._rate), num_tiers)
+        return torch.bincount(tiers, minlength=num_tiers)
+
+    def medium_range(
+        self, base: tuple[float, float] = (0.3, 0.7), adaptive: bool = False
+    ) -> tuple[float, float]:
+        """The rate range that counts as medium difficulty.
+
+        Non-adaptive, this is `base`. Adaptive (the seed's "adjust medium-difficulty bounds based on buffer
+        statistics"), the range keeps the width of `base` but is centred on the median rate of the known,
+        non-retired questions with 0 < rate < 1, then shifted as little as needed to lie inside [0, 1]. The
+        median follows the policy: as it improves, "medium" moves up with it. Questions at rate 0 or 1 are
+        left out of the median because they carry no GRPO signal. Without such questions, `base` is returned.
+
+        Args:
+            base: (low, high) with 0 <= low <= high <= 1.
+            adaptive: centre the range on the median rate.
+        """
+        low, high = check_rate_range(base, "base")
+        if not adaptive:
+            return low, high
+        rates = self._rate[~self._retired_mask]
+        rates = rates[(rates > 0) & (rates < 1)]
+        if rates.size == 0:
+            return low, high
+        half = (high - low) / 2
+        centre = min(max(float(np.median(rates)), half), 1.0 - half)
+        return centre - half, centre + half
+
+    def state_dict(self) -> dict:
+        """Columnar state (tensors, lists of str, primitives); loads with `torch.load(weights_only=True)`."""
+        lengths = [len(w) for w in self._windows]
+        outcomes = [c for w in self._windows for c in w]
+        return {
+            "question_ids": torch.from_numpy(self._qids.copy()),
+            "window_lengths": torch.tensor(lengths, dtype=torch.long),
+            "outcomes": torch.tensor(outcomes, dtype=torch.bool),
+            "latest_correct": torch.from_numpy(self._latest_correct.copy()),
+            "latest_total": torch.from_numpy(self._latest_total.copy()),
+            "retired": torch.from_numpy(self._retired_mask.copy()),
+            "domain_codes": torch.from_numpy(self._domain.copy()),
+            "domain_names": list(self._domain_names),
+            "warned_non_binary": self._warned_non_binary,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()` output; a window longer than `window_size` keeps its newest outcomes."""
+        self._reset()
+        self._layout_version += 1
+        qids = state["question_ids"].long().numpy()
+        n = qids.size
+        self._grow(n)
+        self._qids[:] = qids
+        self._index = {int(q): i for i, q in enumerate(qids.tolist())}
+        lengths = state["window_lengths"].tolist()
+        outcomes = state["outcomes"].tolist()
+        start = 0
+        for i, length in enumerate(lengths):
+            window = deque(outcomes[start : start + length], maxlen=self.window_size)
+            start += length
+            self._windows.append(window)
+            self._rate[i] = sum(window) / len(window) if window else math.nan
+        self._latest_correct[:] = state["latest_correct"].numpy()
+        self._latest_total[:] = state["latest_total"].numpy()
+        self._retired_mask[:] = state["retired"].numpy()
+        self._domain[:] = state["domain_codes"].numpy()
+        self._domain_names = list(state["domain_names"])
+        self._domain_codes = {name: i for i, name in enumerate(self._domain_names)}
+        self._retired = set(qids[self._retired_mask].tolist())
+        self._warned_non_binary = bool(state["warned_non_binary"])
+
+
+def check_rate_range(value: tuple[float, float], name: str) -> tuple[float, float]:
+    """`value` as a (low, high) pair of floats; ValueError naming `name` unless 0 <= low <= high <= 1."""
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (low, high) pair, got {value!r}") from None
+    if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"{name} must satisfy 0 <= low <= high <= 1, got {value!r}")
+    return low, high
+
+
+def gaussian_bucket_draw(
+    rates: np.ndarray, size: int, sigma: float, generator: torch.Generator | None
+) -> np.ndarray:
+    """Indices of `min(size, len(rates))` questions drawn the paper's way: a rate bucket with weight
+    `exp(-(rate - 0.5)^2 / (2 sigma^2))` among the non-empty buckets, then a question of it uniformly without
+    replacement.
+
+    Vectorised as rejection sampling: draw buckets with replacement and reject draws of exhausted buckets,
+    which is exactly drawing from the non-empty ones. Each round that falls short exhausts a bucket, which
+    the next round leaves out.
+    """
+    k = min(size, len(rates))
+    # A stable sort of a random permutation: buckets contiguous, random order inside each, so the j-th draw
+    # of bucket b takes members[start[b] + j].
+    shuffled = torch.randperm(len(rates), generator=generator).numpy()
+    members = shuffled[np.argsort(rates[shuffled], kind="stable")]
+    start = np.flatnonzero(np.diff(rates[members], prepend=-np.inf))
+    buckets = rates[members[start]]
+    capacity = np.diff(np.append(start, len(rates)))
+    log_weight = -((buckets - 0.5) ** 2) / (2 * sigma**2)
+    taken = np.zeros(len(buckets), dtype=np.int64)
+    picked = []
+    while k > 0:
+        live = np.where(taken < capacity, log_weight, -np.inf)
+        weight = torch.from_numpy(np.exp(live - live.max()))  # relative weights, immune to underflow
+        draws = torch.multinomial(weight, k, replacement=True, generator=generator).numpy()
+        order = np.argsort(draws, kind="stable")
+        run_start = np.flatnonzero(np.diff(draws[order], prepend=-1))
+        occurrence = np.empty(k, dtype=np.int64)
+        occurrence[order] = np.arange(k) - np.repeat(run_start, np.diff(np.append(run_start, k)))
+        rank = taken[draws] + occurrence
+        accepted = rank < capacity[draws]
+        picked.append(members[start[draws[accepted]] + rank[accepted]])
+        taken += np.bincount(draws[accepted], minlength=len(buckets))
+        k -= int(accepted.sum())
+    return np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)

@@ -1,0 +1,101 @@
+"""SelectiveReplay: when to replay (the seed's coin flip) and which experience (a buffer sampling strategy).
+
+The seed's `replay_manager`: it owns the replay probability and the sampling settings, and draws both from
+its own seeded generators, so every rank that builds it with the same seed and makes the same calls takes
+the same replay decisions (a rank that generates while another replays deadlocks under ZeRO-3). Plain
+PyTorch, no Lightning.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.buffer import EntropyFn, TrajectoryBuffer, resolve_strategy
+from exgrpo_pl.difficulty import check_rate_range
+
+
+class SelectiveReplay:
+    """Replay schedule and sampling strategy.
+
+    Decisions and samples come from two generators seeded from `seed`: the decision stream must stay in
+    lockstep across ranks, while how much randomness a sample consumes depends on each rank's own buffer.
+
+    Args:
+        strategy: "entropy_guided" (the seed's name, = "medium_difficulty_low_entropy") or any name in
+            `exgrpo_pl.buffer.STRATEGIES`, e.g. "gaussian_lowest_entropy" (the paper).
+        replay_probability: chance in [0, 1] that `should_replay()` says yes.
+        medium_difficulty_range: (low, high) correctness-rate range of "medium_range" question sampling.
+        entropy_percentile: percentile of "low_entropy_percentile" trajectory selection.
+        gaussian_sigma: width of "gaussian" question sampling, in rate units.
+        question_sampling: overrides the strategy's question sampling (ablations).
+        trajectory_selection: overrides the strategy's trajectory selection (ablations).
+        adaptive_range: centre the medium range on the median rate of the questions in play, see
+            `DifficultyBucketer.medium_range`.
+        seed: seed of the decision and sampling generators; the same on every rank.
+    """
+
+    def __init__(
+        self,
+        strategy: str = "entropy_guided",
+        replay_probability: float = 0.3,
+        medium_difficulty_range: tuple[float, float] = (0.3, 0.7),
+        entropy_percentile: float = 25,
+        gaussian_sigma: float = 0.125,
+        question_sampling: str | None = None,
+        trajectory_selection: str | None = None,
+        adaptive_range: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.question_sampling, self.trajectory_selection = resolve_strategy(
+            strategy, question_sampling, trajectory_selection
+        )
+        if not 0.0 <= replay_probability <= 1.0:
+            raise ValueError(f"replay_probability must be in [0, 1], got {replay_probability!r}")
+        if not gaussian_sigma > 0:
+            raise ValueError(f"gaussian_sigma must be > 0, got {gaussian_sigma!r}")
+        self.strategy = strategy
+        self.replay_probability = float(replay_probability)
+        self.medium_difficulty_range = check_rate_range(medium_difficulty_range, "medium_difficulty_range")
+        self.entropy_percentile = entropy_percentile
+        self.gaussian_sigma = float(gaussian_sigma)
+        self.adaptive_range = bool(adaptive_range)
+        self.seed = int(seed)
+        self._decisions = torch.Generator().manual_seed(self.seed)
+        # A different stream, so that sampling never shifts the decision stream.
+        self._samples = torch.Generator().manual_seed(self.seed + 1)
+
+    def should_replay(self) -> bool:
+        """One coin flip with probability `replay_probability`, from the decision generator."""
+        return bool(torch.rand((), generator=self._decisions) < self.replay_probability)
+
+    def medium_range(self, buffer: TrajectoryBuffer) -> tuple[float, float]:
+        """The medium-difficulty range in effect for `buffer` (adaptive or not)."""
+        return buffer.bucketer.medium_range(self.medium_difficulty_range, self.adaptive_range)
+
+    def sample(
+        self, buffer: TrajectoryBuffer, size: int, entropy_fn: EntropyFn | None = None
+    ) -> RolloutBatch:
+        """Up to `size` trajectories from `buffer` with this strategy, see `TrajectoryBuffer.sample`."""
+        return buffer.sample(
+            self.strategy,
+            size=size,
+            difficulty_range=self.medium_range(buffer),
+            entropy_percentile=self.entropy_percentile,
+            generator=self._samples,
+            entropy_fn=entropy_fn,
+            gaussian_sigma=self.gaussian_sigma,
+            question_sampling=self.question_sampling,
+            trajectory_selection=self.trajectory_selection,
+        )
+
+    def state_dict(self) -> dict:
+        """Generator states as uint8 tensors; loadable with `torch.load(weights_only=True)`."""
+        return {
+            "decision_generator": self._decisions.get_state(),
+            "sample_generator": self._samples.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._decisions.set_state(state["decision_generator"])
+        self._samples.set_state(state["sample_generator"])

@@ -1,0 +1,18 @@
+"""Reward functions (verifiers) and the TRL-compatible protocol they follow. Core package: no Lightning."""
+
+from exgrpo_pl.rewards.arithmetic import ArithmeticReward
+from exgrpo_pl.rewards.base import RewardFunction, compute_rewards, reward_name
+from exgrpo_pl.rewards.exact_match import ExactMatchReward
+from exgrpo_pl.rewards.format import FormatReward
+from exgrpo_pl.rewards.math_verify import MathVerifyReward, extract_boxed
+
+__all__ = [
+    "ArithmeticReward",
+    "ExactMatchReward",
+    "FormatReward",
+    "MathVerifyReward",
+    "RewardFunction",
+    "compute_rewards",
+    "extract_boxed",
+    "reward_name",
+]

@@ -1,0 +1,55 @@
+"""Exact verifier for the synthetic arithmetic task (`exgrpo_pl.data.ArithmeticTask`).
+
+A completion is correct iff the integer it starts with equals the answer: "82", " 82", "82<eos>garbage" are
+right for "37+45=", "8", "820" and "+82" are not.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# ASCII digits only: \d would also accept other scripts' digits, which the task never produces.
+_LEADING_INTEGER = re.compile(r"\s*(-?)([0-9]+)")
+_INTEGER = re.compile(r"\s*(-?)([0-9]+)\s*")
+
+
+def _canonical(sign: str, digits: str) -> str:
+    # Compared as text, not int(): int() refuses strings over 4300 digits and a model can emit those.
+    digits = digits.lstrip("0") or "0"
+    return digits if digits == "0" else sign + digits
+
+
+class ArithmeticReward:
+    """1.0 when the completion's leading integer equals the `answer` column, else 0.0.
+
+    Args:
+        name: the name its scores are logged under.
+    """
+
+    def __init__(self, name: str = "arithmetic") -> None:
+        self.name = name
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], answer: list[Any], **columns: Any
+    ) -> list[float | None]:
+        """Scores each completion against its answer.
+
+        Args:
+            prompts: the prompts (unused).
+            completions: the model's completions.
+            answer: the reference integers, as strings or ints.
+            **columns: other dataset columns (unused).
+
+        Raises:
+            ValueError: if an answer is not an integer, naming its row.
+        """
+        scores: list[float | None] = []
+        for row, (completion, reference) in enumerate(zip(completions, answer, strict=True)):
+            expected = _INTEGER.fullmatch(str(reference))
+            if expected is None:
+                raise ValueError(f"{self.name}: answer {reference!r} of row {row} is not an integer")
+            got = _LEADING_INTEGER.match(completion)
+            correct = got is not None and _canonical(*got.groups()) == _canonical(*expected.groups())
+            scores.append(1.0 if correct else 0.0)
+        return scores

@@ -1,0 +1,161 @@
+"""Rollouts with a transformers causal LM: sampling completions, and per-token log-probs and entropy.
+
+Prompts are left-padded and completions right-padded (see `exgrpo_pl.batch`). Positions are derived from
+the attention mask in both generation and scoring, so the log-probs of a scored completion are exactly the
+ones it was sampled with (a left-padded row scored with plain `arange` positions would not be).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from exgrpo_pl.losses import masked_mean, selective_log_softmax, token_entropy
+
+ENTROPY_METHODS = ("entropy", "confidence_variance")
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions counted over real tokens only, as `generate` does. `[N, T]` -> `[N, T]`."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def completion_mask_from_ids(completion_ids: Tensor, eos_token_ids: list[int]) -> tuple[Tensor, Tensor]:
+    """Mask up to and including the first EOS; and whether each row ran out of budget without one.
+
+    Returns:
+        `[N, C]` bool mask of real completion tokens, `[N]` bool truncated flags.
+    """
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_ids, device=completion_ids.device))  # [N, C]
+    has_eos = is_eos.any(1)  # [N]
+    width = completion_ids.shape[1]
+    first_eos = torch.where(
+        has_eos, is_eos.int().argmax(1), torch.full_like(has_eos, width, dtype=torch.long)
+    )
+    positions = torch.arange(width, device=completion_ids.device).unsqueeze(0)  # [1, C]
+    return positions <= first_eos.unsqueeze(1), ~has_eos
+
+
+@torch.no_grad()
+def sample_completions(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    pad_token_id: int,
+    eos_token_ids: list[int],
+    synced_gpus: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Sample one completion per prompt row with `model.generate` (greedy when temperature == 0).
+
+    Args:
+        model: a transformers causal LM.
+        prompt_ids: `[N, P]` left-padded prompts (repeat rows to get several rollouts per question).
+        prompt_mask: `[N, P]`.
+        synced_gpus: keep generating until every rank is done (needed under ZeRO-3).
+
+    Returns:
+        completion ids `[N, C]` (padded with `pad_token_id` after EOS), completion mask `[N, C]`,
+        truncated flags `[N]` (no EOS within `max_new_tokens`).
+    """
+    sampling = temperature > 0
+    out = model.generate(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask.long(),
+        do_sample=sampling,
+        temperature=temperature if sampling else None,
+        top_p=top_p if sampling else None,
+        top_k=0
+        if sampling
+        else None,  # transformers defaults to top_k=50; GRPO samples the full distribution
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_ids,
+        synced_gpus=synced_gpus,
+    )
+    completion_ids = out[:, prompt_ids.shape[1] :]  # [N, C]
+    mask, truncated = completion_mask_from_ids(completion_ids, eos_token_ids)
+    return completion_ids.masked_fill(~mask, pad_token_id), mask, truncated
+
+
+def completion_logps(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log-probs (and entropies) of the completion tokens from one forward pass.
+
+    Logits are divided by the sampling temperature, as the sampler did, so these are the log-probs of
+    the distribution the tokens were drawn from.
+
+    Returns:
+        log-probs `[N, C]` and token entropies `[N, C]` (None when `with_entropy` is False); both are
+        only meaningful where `completion_mask` is True.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P+C]
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [N, P+C]
+    width = completion_ids.shape[1]
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        logits_to_keep=width + 1,
+        use_cache=False,
+    ).logits  # [N, C+1, V]
+    logits = logits[:, :-1].float() / max(temperature, 1e-6)  # [N, C, V] the logits that predicted each token
+    logps = selective_log_softmax(logits, completion_ids)  # [N, C]
+    return logps, token_entropy(logits) if with_entropy else None
+
+
+def compute_entropy(logits: Tensor, mask: Tensor, method: str = "entropy") -> Tensor:
+    """One number per trajectory saying how unsure the policy was while writing it.
+
+    Args:
+        logits: `[N, C, V]` logits that predicted each completion token.
+        mask: `[N, C]` bool, real completion tokens (padding on either side is excluded).
+        method: "entropy" (the seed's default) is the mean token entropy; "confidence_variance" (the
+            seed's alternative) is the variance over tokens of the top-token probability.
+
+    Returns:
+        `[N]`.
+    """
+    if method not in ENTROPY_METHODS:
+        raise ValueError(f"method={method!r}; allowed: {', '.join(ENTROPY_METHODS)}")
+    if method == "entropy":
+        return masked_mean(token_entropy(logits), mask, dim=1)
+    confidence = torch.softmax(logits.float(), dim=-1).amax(-1)  # [N, C]
+    mean = masked_mean(confidence, mask, dim=1)  # [N]
+    return masked_mean((confidence - mean.unsqueeze(1)) ** 2, mask, dim=1)
+
+
+@torch.no_grad()
+def score_entropy(model, batch, temperature: float = 1.0, micro_batch_size: int = 64) -> Tensor:
+    """Mean completion-token entropy of stored trajectories under the CURRENT policy. `[N]`.
+
+    This is what the paper's trajectory selection ranks by. Its official code masks this with an inverted,
+    misaligned padding mask (ExGRPO issue #57); here only real completion tokens count, whatever the padding
+    on the prompt side.
+
+    Args:
+        batch: a `RolloutBatch` (or anything with prompt_ids/prompt_mask/completion_ids/completion_mask).
+    """
+    scores = []
+    for start in range(0, batch.prompt_ids.shape[0], micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        _, entropy = completion_logps(
+            model,
+            batch.prompt_ids[rows],
+            batch.prompt_mask[rows],
+            batch.completion_ids[rows],
+            batch.completion_mask[rows],
+            temperature,
+        )
+        scores.append(masked_mean(entropy, batch.completion_mask[rows], dim=1))
+    return torch.cat(scores) if scores else torch.zeros(0)

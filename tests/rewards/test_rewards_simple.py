@@ -1,0 +1,95 @@
+"""Tests for the arithmetic, exact-match and format rewards."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exgrpo_pl.rewards import ArithmeticReward, ExactMatchReward, FormatReward
+
+
+def score(reward, completion, answer):
+    return reward(prompts=["p"], completions=[completion], answer=[answer])[0]
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        ("82", "82", 1.0),
+        (" 82", "82", 1.0),
+        ("\n\t82", "82", 1.0),
+        ("82=", "82", 1.0),
+        ("82 is it", "82", 1.0),
+        ("82.5", "82", 1.0),  # leading integer, then a non-digit
+        ("082", "82", 1.0),
+        ("-8", "-8", 1.0),
+        ("-8", "8", 0.0),
+        ("8", "-8", 0.0),
+        ("-0", "0", 1.0),
+        ("0", 0, 1.0),
+        ("82", 82, 1.0),
+        ("820", "82", 0.0),
+        ("8", "82", 0.0),
+        ("8 2", "82", 0.0),
+        ("+82", "82", 0.0),
+        ("- 8", "-8", 0.0),
+        ("--8", "-8", 0.0),
+        ("x82", "82", 0.0),
+        ("", "82", 0.0),
+        ("   ", "0", 0.0),
+        ("=", "0", 0.0),
+        ("٨٢", "82", 0.0),  # Arabic-Indic digits are not the task's digits
+        ("9" * 10_000, "9" * 10_000, 1.0),  # beyond int()'s 4300-digit limit
+        ("9" * 10_000, "1", 0.0),
+        ("\x00\xff garbage", "3", 0.0),
+    ],
+)
+def test_arithmetic_cases(completion, answer, expected):
+    assert score(ArithmeticReward(), completion, answer) == expected
+
+
+def test_arithmetic_rejects_non_integer_answer():
+    with pytest.raises(ValueError, match="row 1 is not an integer"):
+        ArithmeticReward()(["a", "b"], ["1", "2"], answer=["1", "two"])
+
+
+@given(st.integers(-(10**30), 10**30), st.text(alphabet="=+-abc ", max_size=5))
+def test_arithmetic_accepts_any_integer_followed_by_a_non_digit(value, tail):
+    assert score(ArithmeticReward(), f"{value}{tail}", str(value)) == 1.0
+
+
+@given(st.text(max_size=30), st.integers(-1000, 1000))
+def test_arithmetic_never_raises_on_completions(completion, answer):
+    assert score(ArithmeticReward(), completion, str(answer)) in (0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        ("Paris", "paris", 1.0),
+        ("  New   York\n", "new york", 1.0),
+        ("STRASSE", "straße", 1.0),  # casefold, not lower
+        ("Paris!", "Paris", 0.0),
+        ("", "x", 0.0),
+        ("42", 42, 1.0),
+    ],
+)
+def test_exact_match_normalized(completion, answer, expected):
+    assert score(ExactMatchReward(), completion, answer) == expected
+
+
+def test_exact_match_raw():
+    reward = ExactMatchReward(normalize=False)
+    assert score(reward, "Paris", "Paris") == 1.0
+    assert score(reward, "Paris ", "Paris") == 0.0
+    assert score(reward, "paris", "Paris") == 0.0
+
+
+def test_format_fullmatch_spans_lines():
+    reward = FormatReward(r"<think>.*</think>\s*<answer>.*</answer>")
+    good = "<think>a\nb</think>\n<answer>4</answer>"
+    assert reward(["p", "p"], [good, good + " trailing"]) == [1.0, 0.0]
+
+
+def test_format_invalid_pattern_names_it():
+    with pytest.raises(ValueError, match=r"invalid regular expression '\(unclosed'"):
+        FormatReward("(unclosed")

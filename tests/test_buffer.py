@@ -1,0 +1,437 @@
+"""TrajectoryBuffer: storage, eviction, keep modes, sampling strategies, statistics and state round trips."""
+
+import io
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exgrpo_pl.batch import RolloutBatch, pad_sequences
+from exgrpo_pl.buffer import STRATEGIES, TrajectoryBuffer, _pad_rows, resolve_strategy
+from exgrpo_pl.difficulty import DifficultyBucketer
+
+
+def make_batch(qids, rewards, entropy=None, replayed=None, domains=None, policy_version=0, seed=0):
+    """Rows with random token payloads of varied lengths, padded the way the module pads them."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(qids)
+    prompts = [torch.randint(1, 1000, (int(k),), generator=g) for k in torch.randint(1, 5, (n,), generator=g)]
+    completions = [
+        torch.randint(1, 1000, (int(k),), generator=g) for k in torch.randint(1, 6, (n,), generator=g)
+    ]
+    prompt_ids, prompt_mask = pad_sequences(prompts, left=True)
+    completion_ids, completion_mask = pad_sequences(completions, left=False)
+    rewards = torch.tensor(rewards, dtype=torch.float32)
+    return RolloutBatch(
+        question_ids=torch.tensor(qids, dtype=torch.long),
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        behaviour_logps=-torch.rand(completion_ids.shape, generator=g) * completion_mask,
+        rewards=rewards,
+        correct=rewards > 0.5,
+        entropy=torch.rand(n, generator=g) if entropy is None else torch.tensor(entropy, dtype=torch.float32),
+        advantages=torch.zeros(n),
+        policy_version=torch.full((n,), policy_version, dtype=torch.long),
+        replayed=torch.zeros(n, dtype=torch.bool) if replayed is None else torch.tensor(replayed),
+        prompts=[f"prompt {q}" for q in qids],
+        completions=[f"completion {seed}.{i}" for i in range(n)],
+        answers=[f"answer {q}" for q in qids],
+        domains=domains,
+    )
+
+
+def group(qid, correct, total, **kwargs):
+    """One question's group of `total` rollouts, the first `correct` of them correct."""
+    return make_batch([qid] * total, [1.0] * correct + [0.0] * (total - correct), **kwargs)
+
+
+def no_retire(**kwargs):
+    return TrajectoryBuffer(bucketer=DifficultyBucketer(retire_solved=False), **kwargs)
+
+
+def roundtrip(state):
+    f = io.BytesIO()
+    torch.save(state, f)
+    f.seek(0)
+    return torch.load(f, weights_only=True)
+
+
+def assert_same(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+def assert_same_batch(a, b):
+    for name in ("question_ids", "prompt_ids", "completion_ids", "behaviour_logps", "rewards", "entropy"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.prompts == b.prompts and a.completions == b.completions
+
+
+def test_strategy_table_and_resolution():
+    assert STRATEGIES["medium_difficulty_low_entropy"] == ("medium_range", "low_entropy_percentile")
+    assert STRATEGIES["gaussian_lowest_entropy"] == ("gaussian", "lowest_entropy")
+    assert resolve_strategy("entropy_guided") == ("medium_range", "low_entropy_percentile")
+    assert resolve_strategy("gaussian_lowest_entropy", question_sampling="uniform") == (
+        "uniform",
+        "lowest_entropy",
+    )
+    assert resolve_strategy("gaussian_lowest_entropy", trajectory_selection="random") == (
+        "gaussian",
+        "random",
+    )
+    with pytest.raises(ValueError, match="gaussian_lowest_entropy"):
+        resolve_strategy("best")
+    with pytest.raises(ValueError, match="question_sampling"):
+        resolve_strategy("uniform", question_sampling="hardest")
+    with pytest.raises(ValueError, match="trajectory_selection"):
+        resolve_strategy("uniform", trajectory_selection="longest")
+
+
+def test_seed_dict_path():
+    buffer = TrajectoryBuffer()
+    for i in range(6):
+        reward = float(i % 2)
+        trajectory = {"prompt": f"what is {i}+{i}?", "rollout": str(2 * i), "reward": reward}
+        trajectory.update(is_correct=reward > 0.5, entropy=0.1 * i)
+        assert buffer.add(trajectory) == 1
+    assert len(buffer) == 6
+    expected_id = zlib.crc32(b"what is 3+3?")
+    assert buffer.bucketer.rates(torch.tensor([expected_id])).item() == 1.0
+    batch = buffer.sample("uniform", size=10, generator=torch.Generator().manual_seed(0))
+    assert len(batch) == 6 and batch.replayed.all()
+    assert sorted(batch["prompts"]) == sorted(f"what is {i}+{i}?" for i in range(6))
+    assert sorted(batch["rollouts"]) == sorted(str(2 * i) for i in range(6))
+    assert sorted(batch["rewards"].tolist()) == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert batch.prompt_ids.shape == (6, 0) and batch.completion_mask.shape == (6, 0)
+    with pytest.raises(ValueError, match="is_correct"):
+        buffer.add({"prompt": "p", "rollout": "r", "reward": 1.0, "entropy": 0.0})
+
+
+def test_seed_dict_with_tokens_and_metadata():
+    buffer = TrajectoryBuffer()
+    trajectory = dict(prompt="p", rollout="r", reward=torch.tensor(1.0), is_correct=torch.tensor(True))
+    trajectory.update(entropy=torch.tensor(0.5), question_id=42, answer="a", policy_version=3, domain="math")
+    trajectory.update(prompt_ids=torch.tensor([5, 6]), completion_ids=torch.tensor([7, 8, 9]))
+    trajectory.update(behaviour_logps=torch.tensor([-0.1, -0.2, -0.3]))
+    buffer.add(trajectory)
+    batch = buffer.sample("uniform", size=1)
+    assert batch.question_ids.tolist() == [42] and batch.answers == ["a"] and batch.domains == ["math"]
+    assert batch.prompt_ids.tolist() == [[5, 6]] and batch.completion_ids.tolist() == [[7, 8, 9]]
+    assert torch.allclose(batch.behaviour_logps, torch.tensor([[-0.1, -0.2, -0.3]]))
+    assert batch.policy_version.tolist() == [3]
+
+
+def test_sampled_rows_carry_their_payload():
+    buffer = no_retire()
+    source = make_batch(
+        [1, 1, 2, 2, 3], [1.0, 0.0, 1.0, 1.0, 0.0], domains=["a", "a", "b", "b", "a"], policy_version=4
+    )
+    buffer.add(source)
+    batch = buffer.sample("uniform", size=3, question_sampling="uniform", trajectory_selection="random")
+    for i in range(len(batch)):
+        j = [k for k in range(len(source)) if source.completions[k] == batch.completions[i]][0]
+        assert batch.question_ids[i] == source.question_ids[j]
+        assert torch.equal(
+            batch.prompt_ids[i][batch.prompt_mask[i]], source.prompt_ids[j][source.prompt_mask[j]]
+        )
+        assert torch.equal(
+            batch.completion_ids[i][batch.completion_mask[i]],
+            source.completion_ids[j][source.completion_mask[j]],
+        )
+        assert torch.equal(
+            batch.behaviour_logps[i][batch.completion_mask[i]],
+            source.behaviour_logps[j][source.completion_mask[j]],
+        )
+        assert batch.prompt_mask[i, -1] and batch.completion_mask[i, 0]  # left- and right-padded
+        assert batch.domains[i] == source.domains[j] and batch.answers[i] == source.answers[j]
+        rate = buffer.bucketer.rates(batch.question_ids[i : i + 1]).item()
+        assert batch.advantages[i].item() == pytest.approx(batch.rewards[i].item() - rate)
+    assert batch.group_size == 1 and batch.policy_version.tolist() == [4] * 3
+    assert batch.prompt_ids.dtype == torch.long and batch.behaviour_logps.dtype == torch.float32
+
+
+def test_eviction_is_oldest_first():
+    buffer = TrajectoryBuffer(max_size=3)
+    for version in range(5):
+        buffer.add(make_batch([version], [0.0], policy_version=version))
+    assert len(buffer) == 3
+    assert sorted(buffer.policy_snapshot["policy_version"].tolist()) == [2, 3, 4]
+    buffer.add(make_batch([10, 11, 12, 13], [0.0] * 4, policy_version=9))  # more than fits: the newest stay
+    assert sorted(buffer.policy_snapshot["question_ids"].tolist()) == [11, 12, 13]
+    buffer.remove_questions([12])
+    buffer.add(make_batch([20], [0.0], policy_version=10))  # the freed slot is reused, nothing evicted
+    assert sorted(buffer.policy_snapshot["question_ids"].tolist()) == [11, 13, 20]
+    buffer.add(make_batch([21], [0.0], policy_version=11))
+    assert sorted(buffer.policy_snapshot["question_ids"].tolist()) == [13, 20, 21]
+
+
+@pytest.mark.parametrize(
+    ("keep", "expected"),
+    [
+        ("all", [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]),
+        ("correct", [1, 1, 3, 3, 3, 3]),
+        ("correct_of_partial", [1, 1]),
+    ],
+)
+def test_keep_modes(keep, expected):
+    buffer = no_retire(keep=keep)
+    batch = RolloutBatch.cat([group(1, 2, 4), group(2, 0, 4), group(3, 4, 4)])
+    assert buffer.add(batch) == len(expected)
+    assert sorted(buffer.policy_snapshot["question_ids"].tolist()) == expected
+    assert buffer.policy_snapshot["behaviour_logps"][0].dtype == torch.float32
+
+
+def test_replayed_rows_are_ignored():
+    buffer = TrajectoryBuffer()
+    batch = make_batch([1, 1, 1, 2], [1.0, 1.0, 0.0, 1.0], replayed=[True, False, False, True])
+    assert buffer.add(batch) == 2
+    assert buffer.bucketer.known_questions().tolist() == [1]
+    assert buffer.bucketer.rates(torch.tensor([1])).item() == 0.5
+    assert buffer.add(make_batch([3], [1.0], replayed=[True])) == 0
+    assert len(buffer) == 2
+
+
+def test_retired_questions_are_removed_and_never_sampled():
+    buffer = TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=8))
+    buffer.add(RolloutBatch.cat([group(1, 2, 4), group(2, 2, 4)]))
+    assert len(buffer) == 8
+    assert buffer.add(group(1, 4, 4)) == 0  # solved by the whole group: retired, its rows dropped
+    assert buffer.bucketer.retired == {1} and len(buffer) == 4
+    assert buffer.stats()["retired"] == 1.0
+    for name in STRATEGIES:
+        batch = buffer.sample(name, size=8, difficulty_range=(0.0, 1.0), entropy_percentile=75)
+        assert set(batch.question_ids.tolist()) <= {2}
+
+
+def test_medium_range_filter():
+    buffer = no_retire()
+    buffer.add(RolloutBatch.cat([group(q, q, 4) for q in range(5)]))  # rates 0, .25, .5, .75, 1
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(20):
+        batch = buffer.sample(
+            "medium_difficulty_low_entropy", size=4, trajectory_selection="random", generator=g
+        )
+        seen |= set(batch.question_ids.tolist())
+        assert len(batch) == 1  # one eligible question, one trajectory per question
+    assert seen == {2}
+    batch = buffer.sample(
+        "medium_difficulty_low_entropy", size=50, difficulty_range=(0.25, 0.75), entropy_percentile=75
+    )
+    assert set(batch.question_ids.tolist()) <= {1, 2, 3}
+    assert len(batch) == 9  # trajectory unit: 3/4 of the 12 candidates pass the 75th percentile
+
+
+def test_entropy_percentile_filter():
+    buffer = no_retire()
+    entropy = [float(e) for e in np.random.default_rng(0).permutation(100)]
+    buffer.add(make_batch(list(range(50)) * 2, [1.0] * 50 + [0.0] * 50, entropy=entropy))  # every rate is 0.5
+    threshold = np.percentile(entropy, 25)
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(30):
+        batch = buffer.sample(size=10, generator=g)
+        assert len(batch) == 10 and (batch.entropy <= threshold).all()
+        seen |= set(batch.entropy.tolist())
+    assert seen == {e for e in entropy if e <= threshold}
+
+
+@pytest.mark.parametrize("selection", ["lowest_entropy", "highest_entropy"])
+def test_entropy_fn_wins_over_stored_entropy(selection):
+    buffer = no_retire()
+    buffer.add(make_batch([1, 1, 1, 2, 2, 2], [1, 0, 1, 0, 1, 0], entropy=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]))
+    calls = []
+
+    def reversed_entropy(candidates):
+        calls.append(len(candidates))
+        assert candidates.replayed.all()
+        return -candidates.entropy  # the current policy disagrees with collection time
+
+    batch = buffer.sample(
+        trajectory_selection=selection, question_sampling="uniform", size=2, entropy_fn=reversed_entropy
+    )
+    expected = {0.3, 0.6} if selection == "lowest_entropy" else {0.1, 0.4}
+    assert set(np.round(batch.entropy.tolist(), 4)) == expected and calls == [6]
+    stored = buffer.sample(trajectory_selection=selection, question_sampling="uniform", size=2)
+    expected = {0.1, 0.4} if selection == "lowest_entropy" else {0.3, 0.6}
+    assert set(np.round(stored.entropy.tolist(), 4)) == expected
+
+
+def test_gaussian_sampling_matches_bucket_weights():
+    buffer = TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=8))
+    counts = [1, 2, 3, 4, 4, 5, 6, 7]  # two questions share the 0.5 bucket
+    buffer.add(RolloutBatch.cat([group(q, c, 8) for q, c in enumerate(counts)]))
+    rates = np.unique(np.array(counts) / 8)
+    weight = np.exp(-((rates - 0.5) ** 2) / (2 * 0.125**2))
+    g = torch.Generator().manual_seed(0)
+    draws = [
+        buffer.sample("gaussian_lowest_entropy", size=1, generator=g).question_ids.item() for _ in range(3000)
+    ]
+    drawn_rates = np.array(counts)[draws] / 8
+    freq = np.array([np.mean(drawn_rates == r) for r in rates])
+    np.testing.assert_allclose(freq, weight / weight.sum(), atol=0.03)
+    everything = buffer.sample("gaussian_lowest_entropy", size=100, generator=g)
+    assert sorted(everything.question_ids.tolist()) == list(range(8))  # without replacement, all of them
+
+
+def test_fewer_eligible_than_size_and_empty():
+    buffer = no_retire()
+    for name in STRATEGIES:
+        assert len(buffer.sample(name, size=5)) == 0
+    buffer.add(group(1, 2, 4))
+    for name in STRATEGIES:
+        batch = buffer.sample(name, size=10, entropy_percentile=50)
+        unit = 2 if name == "medium_difficulty_low_entropy" else 1  # trajectories vs questions
+        assert len(batch) == unit
+        assert len(buffer.sample(name, size=0)) == 0
+    assert (
+        len(buffer.sample("uniform", size=3, difficulty_range=(0.9, 1.0), question_sampling="medium_range"))
+        == 0
+    )
+
+
+def test_sample_validation():
+    buffer = TrajectoryBuffer()
+    with pytest.raises(ValueError, match="entropy_percentile must be one of"):
+        buffer.sample(size=1, entropy_percentile=10)
+    with pytest.raises(ValueError, match="difficulty_range"):
+        buffer.sample(size=1, difficulty_range=(0.7, 0.3))
+    with pytest.raises(ValueError, match="size"):
+        buffer.sample(size=-1)
+    with pytest.raises(ValueError, match="gaussian_sigma"):
+        buffer.sample("gaussian_lowest_entropy", size=1, gaussian_sigma=0.0)
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        buffer.sample("hardest_first", size=1)
+
+
+def test_constructor_validation():
+    with pytest.raises(ValueError, match="max_size"):
+        TrajectoryBuffer(max_size=0)
+    with pytest.raises(ValueError, match="keep must be one of"):
+        TrajectoryBuffer(keep="incorrect")
+    with pytest.raises(ValueError, match="entropy_percentiles"):
+        TrajectoryBuffer(entropy_percentiles=(50, 25))
+    with pytest.raises(ValueError, match="difficulty_tiers"):
+        TrajectoryBuffer(difficulty_tiers=0)
+    with pytest.raises(TypeError, match="RolloutBatch"):
+        TrajectoryBuffer().add([1, 2, 3])
+
+
+def test_stats_and_accessors():
+    buffer = no_retire(difficulty_tiers=4, entropy_percentiles=(50,))
+    buffer.add(make_batch([1, 1, 2, 2], [1.0, 0.0, 0.0, 0.0], entropy=[0.1, 0.2, 0.3, 0.4], policy_version=2))
+    buffer.add(make_batch([3, 3], [1.0, 1.0], entropy=[0.5, 0.6], policy_version=5))
+    stats = buffer.stats(current_version=6)
+    assert stats["size"] == 6.0 and stats["num_questions"] == 3.0 and stats["retired"] == 0.0
+    assert stats["tier_counts"].tolist() == [2, 0, 2, 2]  # rates 0.5, 0.5, 0, 0, 1, 1
+    assert stats["entropy_band_edges"].tolist() == pytest.approx([0.35])
+    assert stats["entropy_band_counts"].tolist() == [3, 3]
+    assert stats["staleness_mean"] == pytest.approx((4 * 4 + 2 * 1) / 6) and stats["staleness_max"] == 4.0
+    assert "staleness_mean" not in buffer.stats()
+    assert sorted(buffer.entropies().tolist()) == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    assert sorted(buffer.rates().tolist()) == [0.0, 0.0, 0.5, 0.5, 1.0, 1.0]
+    assert sorted(buffer.staleness(6).tolist()) == [1, 1, 4, 4, 4, 4]
+    buffer.clear()
+    assert len(buffer) == 0 and buffer.stats()["size"] == 0.0
+    assert buffer.bucketer.rates(torch.tensor([3])).item() == 1.0  # difficulty history survives clear()
+
+
+def filled_buffer(max_size=64):
+    """A buffer that went through evictions and removals, so its slots have holes."""
+    buffer = TrajectoryBuffer(max_size=max_size, bucketer=DifficultyBucketer(window_size=8))
+    rng = np.random.default_rng(0)
+    for step in range(12):
+        qids = [int(q) for q in rng.integers(0, 20, size=3)]
+        parts = [
+            group(q, int(rng.integers(0, 4)), 4, seed=step * 10 + i, policy_version=step)
+            for i, q in enumerate(qids)
+        ]
+        domains = ["math" if q % 2 else "code" for q in qids for _ in range(4)]
+        batch = RolloutBatch.cat(parts)
+        batch.domains = domains
+        buffer.add(batch)
+        if step == 6:
+            buffer.remove_questions([qids[0]])
+    return buffer
+
+
+def test_state_dict_round_trip_is_exact():
+    buffer = filled_buffer()
+    state = buffer.state_dict()
+    restored = TrajectoryBuffer(max_size=64, bucketer=DifficultyBucketer(window_size=8))
+    restored.load_state_dict(roundtrip(state))
+    assert len(restored) == len(buffer)
+    assert_same(restored.state_dict(), state)
+    for name in STRATEGIES:
+        a = buffer.sample(
+            name, size=16, generator=torch.Generator().manual_seed(3), difficulty_range=(0.2, 0.8)
+        )
+        b = restored.sample(
+            name, size=16, generator=torch.Generator().manual_seed(3), difficulty_range=(0.2, 0.8)
+        )
+        assert_same_batch(a, b)
+        assert a.domains == b.domains
+    more = make_batch([5, 5, 99, 99], [1.0, 0.0, 1.0, 0.0], seed=7)
+    buffer.add(more)
+    restored.add(more)
+    assert_same(restored.state_dict(), buffer.state_dict())
+
+
+def test_load_into_smaller_buffer_keeps_newest():
+    buffer = filled_buffer()
+    state = roundtrip(buffer.state_dict())
+    small = TrajectoryBuffer(max_size=10)
+    small.load_state_dict(state)
+    assert len(small) == 10
+    newest = state["seq"][-10:].tolist()
+    assert small.state_dict()["seq"].tolist() == newest
+    assert small.stats()["size"] == 10.0
+    small.add(make_batch([100], [1.0]))
+    assert len(small) == 10 and 100 in small.policy_snapshot["question_ids"].tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=6), min_size=1, max_size=8),
+    st.integers(1, 12),
+    st.sampled_from(sorted(STRATEGIES)),
+)
+def test_invariants_under_random_adds(groups, max_size, strategy):
+    buffer = TrajectoryBuffer(max_size=max_size, bucketer=DifficultyBucketer(window_size=4))
+    rng = np.random.default_rng(len(groups))
+    for step, qids in enumerate(groups):
+        buffer.add(make_batch(qids, [float(r) for r in rng.integers(0, 2, len(qids))], seed=step))
+        assert len(buffer) <= max_size
+        assert len(buffer) == len(buffer.entropies()) == len(buffer.policy_snapshot["behaviour_logps"])
+    batch = buffer.sample(
+        strategy, size=5, difficulty_range=(0.0, 1.0), generator=torch.Generator().manual_seed(0)
+    )
+    assert not set(batch.question_ids.tolist()) & buffer.bucketer.retired
+    if strategy != "medium_difficulty_low_entropy":
+        assert len(set(batch.question_ids.tolist())) == len(batch)  # one trajectory per question
+    assert len(set(batch.completions)) == len(batch)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 7), max_size=10), st.booleans())
+def test_pad_rows_matches_pad_sequences(lengths, left):
+    rows = [np.arange(1, n + 1, dtype=np.int32) * (i + 1) for i, n in enumerate(lengths)]
+    out, mask = _pad_rows(rows, np.array(lengths, dtype=np.int64), left, np.int64)
+    ref, ref_mask = pad_sequences([torch.from_numpy(r).long() for r in rows], left=left)
+    assert torch.equal(out, ref) and torch.equal(mask, ref_mask)
