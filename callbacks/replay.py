@@ -68,6 +68,15 @@ class ReplayCallback(Callback):
             raise ValueError(f"ReplayCallback min_buffer_size={min_buffer_size}: must be >= 1")
         self.buffer = buffer if buffer is not None else TrajectoryBuffer()
         self.replay = replay if replay is not None else SelectiveReplay()
+        percentiles = self.buffer.entropy_percentiles
+        if (
+            self.replay.trajectory_selection == "low_entropy_percentile"
+            and self.replay.entropy_percentile not in percentiles
+        ):
+            raise ValueError(
+                f"SelectiveReplay entropy_percentile={self.replay.entropy_percentile} is not one of the buffer's "
+                f"entropy_percentiles {list(percentiles)}"
+            )
         self.mode = mode
         self.mix_fraction = mix_fraction
         self.replay_start_epoch = replay_start_epoch

@@ -94,8 +94,11 @@ class TrajectoryBuffer:
     """Bounded store of past trajectories that replay samples from.
 
     `add` feeds the fresh rows of a batch to the bucketer, filters them by `keep` and stores them; questions
-    the bucketer retires are removed. Eviction: when all `max_size` slots are taken, the oldest trajectories
-    (smallest insertion sequence number) are evicted first, and freed slots are reused lowest first.
+    the bucketer retires are removed. `add` is what updates the bucketer: whoever shares it with the buffer
+    must not also update it with the same rows.
+
+    Eviction: when all `max_size` slots are taken, the oldest trajectories (smallest insertion sequence
+    number) are evicted first, and freed slots are reused lowest first.
 
     The buffer keeps each trajectory's per-token log-probs under the policy that generated it (the behaviour
     policy) and that policy's version, so importance weights need no copy of the old model: this is what
@@ -226,6 +229,8 @@ class TrajectoryBuffer:
             raise TypeError(
                 f"add() takes a RolloutBatch or a trajectory dict, got {type(trajectory).__name__}"
             )
+        if batch.question_ids.device.type != "cpu":
+            batch = batch.to("cpu")
         fresh = ~batch.replayed
         if not bool(fresh.any()):
             return 0
@@ -238,7 +243,7 @@ class TrajectoryBuffer:
         qidx = self._bucketer.dense_index(batch.question_ids)
         keep = ~self._bucketer.dense_retired()[qidx]
         if self.keep != "all":
-            keep &= batch.correct.numpy()
+            keep &= _numpy(batch.correct)
         if self.keep == "correct_of_partial":
             c, t = (x.numpy() for x in self._bucketer.latest_counts(batch.question_ids))
             keep &= (c > 0) & (c < t)
@@ -319,13 +324,15 @@ class TrajectoryBuffer:
         eligible than `size`, fewer rows (possibly none) come back.
 
         Advantages are `reward - current rate of the question`: a fresh estimate of the group-mean baseline
-        under today's policy, where the advantage stored at collection time would be stale.
+        under today's policy, where the advantage stored at collection time would be stale. `domains` is None
+        unless some sampled row has one ("default" then marks the rows without).
 
         Args:
             strategy: a name in `STRATEGIES` or `STRATEGY_ALIASES`.
             size: number of rows wanted, >= 0.
             difficulty_range: (low, high) rate range of "medium_range", 0 <= low <= high <= 1.
-            entropy_percentile: percentile of "low_entropy_percentile", one of `entropy_percentiles`.
+            entropy_percentile: percentile of "low_entropy_percentile", one of `entropy_percentiles` (checked
+                only when that selection is used).
             generator: source of randomness; torch's global generator when None.
             entropy_fn: mean completion-token entropy under the current policy, `RolloutBatch -> [n]`.
             gaussian_sigma: bucket weight width of "gaussian" in rate units, > 0 (1/8: one count at K=8).
@@ -344,43 +351,56 @@ class TrajectoryBuffer:
         if qs == "gaussian" and not gaussian_sigma > 0:
             raise ValueError(f"gaussian_sigma must be > 0, got {gaussian_sigma!r}")
         self._sync_qidx()
-        hw = self._high_water
-        qidx = self._cols["qidx"][:hw]
-        rates = self._bucketer.dense_rates()
-        # One extra False entry so that free slots (qidx -1) index it and drop out.
-        question_ok = np.append(np.isfinite(rates) & ~self._bucketer.dense_retired(), False)
-        if qs == "medium_range":
-            question_ok[:-1] &= (rates >= low) & (rates <= high)
-        candidate = question_ok[qidx]
-        if ts == "low_entropy_percentile" and candidate.any():
-            entropy = self._cols["entropy"][:hw]
-            candidate &= entropy <= _percentile(entropy[candidate], entropy_percentile)
+        candidates = self._candidates(qs == "medium_range", low, high)
+        if ts == "low_entropy_percentile" and len(candidates):
+            entropy = self._cols["entropy"][candidates]
+            candidates = candidates[entropy <= _percentile(entropy, entropy_percentile)]
         if qs == "medium_range" and ts == "low_entropy_percentile":
-            rows = np.flatnonzero(candidate)
-            return self._gather(rows[_choose(len(rows), size, generator)])
-        eligible = np.flatnonzero(np.bincount(qidx[candidate], minlength=len(rates)))
+            return self._gather(candidates[_choose(len(candidates), size, generator)])
+        rates = self._bucketer.dense_rates()
+        eligible = np.flatnonzero(np.bincount(self._cols["qidx"][candidates], minlength=len(rates)))
         if qs == "gaussian":
             chosen = eligible[gaussian_bucket_draw(rates[eligible], size, gaussian_sigma, generator)]
         else:
             chosen = eligible[_choose(len(eligible), size, generator)]
-        position = np.full(len(rates) + 1, -1, dtype=np.int64)
+        if ts in ("low_entropy_percentile", "random"):  # uniform among the candidates that passed the filter
+            return self._one_per_question(chosen, candidates, None, generator)
+        return self._one_per_question(chosen, None, entropy_fn, generator, highest=ts == "highest_entropy")
+
+    def _candidates(self, medium_range: bool, low: float, high: float) -> np.ndarray:
+        """Slots of stored trajectories of known, non-retired questions (in the range, if asked)."""
+        rates = self._bucketer.dense_rates()
+        # One extra False entry, indexed by qidx -1 (free slots, unknown questions), drops those out.
+        question_ok = np.append(np.isfinite(rates) & ~self._bucketer.dense_retired(), False)
+        if medium_range:
+            question_ok[:-1] &= (rates >= low) & (rates <= high)
+        return np.flatnonzero(question_ok[self._cols["qidx"][: self._high_water]])
+
+    def _one_per_question(
+        self,
+        chosen: np.ndarray,
+        candidates: np.ndarray | None,
+        entropy_fn: EntropyFn | None,
+        generator: torch.Generator | None,
+        highest: bool = False,
+    ) -> RolloutBatch:
+        """One trajectory per question in `chosen` (dense indices), in that order. With `candidates`, a
+        uniform pick among those slots; otherwise the lowest (or highest) entropy under `entropy_fn`."""
+        position = np.full(len(self._bucketer.dense_rates()) + 1, -1, dtype=np.int64)
         position[chosen] = np.arange(len(chosen))
-        row_position = position[qidx]
-        if not len(chosen):
-            return self._gather(chosen)
-        if ts in ("lowest_entropy", "highest_entropy"):
-            pool = np.flatnonzero(row_position >= 0)
-            if entropy_fn is None:
+        if candidates is not None:
+            pool = candidates[position[self._cols["qidx"][candidates]] >= 0]
+            key = torch.rand(len(pool), generator=generator, dtype=torch.float64).numpy()
+        else:
+            pool = np.flatnonzero(position[self._cols["qidx"][: self._high_water]] >= 0)
+            if entropy_fn is None or not len(pool):
                 key = self._cols["entropy"][pool].astype(np.float64)
             else:
                 key = torch.as_tensor(entropy_fn(self._gather(pool))).detach().cpu().double().numpy()
                 if key.shape != pool.shape:
                     raise ValueError(f"entropy_fn returned shape {key.shape}, expected ({len(pool)},)")
-            key = key if ts == "lowest_entropy" else -key
-        else:
-            pool = np.flatnonzero(candidate & (row_position >= 0))
-            key = torch.rand(len(pool), generator=generator, dtype=torch.float64).numpy()
-        group = row_position[pool]
+            key = -key if highest else key
+        group = position[self._cols["qidx"][pool]]
         order = np.lexsort((key, group))  # by sampling position, then best key first
         first = np.flatnonzero(np.diff(group[order], prepend=-1))
         return self._gather(pool[order[first]])
@@ -388,14 +408,11 @@ class TrajectoryBuffer:
     def _gather(self, slots: np.ndarray) -> RolloutBatch:
         cols, payload = self._cols, self._payload
         rows = slots.tolist()
-        prompt_len, completion_len = cols["prompt_len"][slots], cols["completion_len"][slots]
-        prompt_ids, prompt_mask = _pad_rows(
-            [payload["prompt_ids"][s] for s in rows], prompt_len, True, np.int64
-        )
-        completion_ids, completion_mask = _pad_rows(
-            [payload["completion_ids"][s] for s in rows], completion_len, False, np.int64
-        )
-        logps, _ = _pad_rows([payload["behaviour_logps"][s] for s in rows], completion_len, False, np.float32)
+        prompt_mask = _padding_mask(cols["prompt_len"][slots], left=True)
+        completion_mask = _padding_mask(cols["completion_len"][slots], left=False)
+        prompt_ids = _pad([payload["prompt_ids"][s] for s in rows], prompt_mask, np.int64)
+        completion_ids = _pad([payload["completion_ids"][s] for s in rows], completion_mask, np.int64)
+        logps = _pad([payload["behaviour_logps"][s] for s in rows], completion_mask, np.float32)
         rewards = torch.from_numpy(cols["reward"][slots])
         rates = self._row_rates(slots)
         codes = cols["domain"][slots]
@@ -405,9 +422,9 @@ class TrajectoryBuffer:
         return RolloutBatch(
             question_ids=torch.from_numpy(cols["question_id"][slots]),
             prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
+            prompt_mask=torch.from_numpy(prompt_mask),
             completion_ids=completion_ids,
-            completion_mask=completion_mask,
+            completion_mask=torch.from_numpy(completion_mask),
             behaviour_logps=logps,
             rewards=rewards,
             correct=torch.from_numpy(cols["correct"][slots]),
@@ -579,15 +596,19 @@ def _numpy(t: Tensor) -> np.ndarray:
     return (t.float() if t.is_floating_point() else t).numpy()
 
 
-def _pad_rows(rows: list[np.ndarray], lengths: np.ndarray, left: bool, dtype: type) -> tuple[Tensor, Tensor]:
-    """`exgrpo_pl.batch.pad_sequences` (zero padding) as one masked NumPy write instead of per-row copies."""
+# `exgrpo_pl.batch.pad_sequences` makes two tensor writes per row, several ms for 256 rows; these two make
+# the same layout (zero padding) with one masked NumPy write.
+def _padding_mask(lengths: np.ndarray, left: bool) -> np.ndarray:
     width = int(lengths.max(initial=0))
     positions = np.arange(width)
-    mask = positions >= (width - lengths)[:, None] if left else positions < lengths[:, None]
-    out = np.zeros((len(rows), width), dtype=dtype)
+    return positions >= (width - lengths)[:, None] if left else positions < lengths[:, None]
+
+
+def _pad(rows: list[np.ndarray], mask: np.ndarray, dtype: type) -> Tensor:
+    out = np.zeros(mask.shape, dtype=dtype)
     if rows:
         out[mask] = np.concatenate(rows)  # a boolean-mask write fills row by row, left to right
-    return torch.from_numpy(out), torch.from_numpy(mask)
+    return torch.from_numpy(out)
 
 
 def _percentile(values: np.ndarray, q: float) -> float:

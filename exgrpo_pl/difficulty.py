@@ -19,6 +19,16 @@ from torch import Tensor
 
 METRICS = ("correctness_rate",)
 
+# Per-question columns in dense order: name -> (dtype, value of a fresh entry).
+_QUESTION_COLUMNS = {
+    "qid": (np.int64, 0),
+    "rate": (np.float64, np.nan),
+    "latest_correct": (np.int64, 0),
+    "latest_total": (np.int64, 0),
+    "retired": (np.bool_, False),
+    "domain": (np.int64, -1),  # index into the domain names; -1 for none
+}
+
 # A rate c/n that equals a tier edge k/num_tiers can land just below it after rounding (by up to ~6e-8 for
 # float32 input); nudging rates up by this keeps it in tier k. A real rate is never that close below an edge
 # unless its window holds over a million outcomes.
@@ -93,12 +103,8 @@ class DifficultyBucketer:
     def _reset(self) -> None:
         self._index: dict[int, int] = {}
         self._windows: list[deque[bool]] = []
-        self._qids = np.zeros(0, dtype=np.int64)
-        self._rate = np.zeros(0, dtype=np.float64)
-        self._latest_correct = np.zeros(0, dtype=np.int64)
-        self._latest_total = np.zeros(0, dtype=np.int64)
-        self._retired_mask = np.zeros(0, dtype=bool)
-        self._domain = np.zeros(0, dtype=np.int64)
+        # Grown by doubling, so adding questions one at a time (the seed's loop) stays amortised O(1).
+        self._cols = {name: np.zeros(0, dtype=dtype) for name, (dtype, _) in _QUESTION_COLUMNS.items()}
         self._domain_names: list[str] = []
         self._domain_codes: dict[str, int] = {}
         self._retired: set[int] = set()
@@ -107,16 +113,22 @@ class DifficultyBucketer:
     def __len__(self) -> int:
         return len(self._index)
 
-    def _grow(self, extra: int) -> None:
-        def grown(a: np.ndarray, fill) -> np.ndarray:
-            return np.concatenate([a, np.full(extra, fill, dtype=a.dtype)])
+    def _col(self, name: str) -> np.ndarray:
+        return self._cols[name][: len(self._index)]
 
-        self._qids = grown(self._qids, 0)
-        self._rate = grown(self._rate, np.nan)
-        self._latest_correct = grown(self._latest_correct, 0)
-        self._latest_total = grown(self._latest_total, 0)
-        self._retired_mask = grown(self._retired_mask, False)
-        self._domain = grown(self._domain, -1)
+    def _add_questions(self, qids: list[int]) -> None:
+        start = len(self._index)
+        capacity = len(self._cols["qid"])
+        if start + len(qids) > capacity:
+            new = max(start + len(qids), 2 * capacity, 64)
+            for name, (dtype, fill) in _QUESTION_COLUMNS.items():
+                grown = np.full(new, fill, dtype=dtype)
+                grown[:capacity] = self._cols[name]
+                self._cols[name] = grown
+        for offset, q in enumerate(qids):
+            self._index[q] = start + offset
+            self._windows.append(deque(maxlen=self.window_size))
+        self._cols["qid"][start : start + len(qids)] = qids
 
     def _domain_code(self, name: str) -> int:
         if name not in self._domain_codes:
@@ -155,28 +167,22 @@ class DifficultyBucketer:
         groups: dict[int, list[bool]] = {}
         for q, c in zip(qids, correct, strict=True):
             groups.setdefault(q, []).append(c)
-        new = [q for q in groups if q not in self._index]
-        if new:
-            start = len(self._index)
-            self._grow(len(new))
-            for offset, q in enumerate(new):
-                self._index[q] = start + offset
-                self._windows.append(deque(maxlen=self.window_size))
-            self._qids[start:] = new
+        self._add_questions([q for q in groups if q not in self._index])
+        cols = self._cols
         if domains is not None:
             for q, d in zip(qids, domains, strict=True):
-                self._domain[self._index[q]] = self._domain_code(d)
+                cols["domain"][self._index[q]] = self._domain_code(d)
         retired_now = []
         for q, outcomes in groups.items():
             i = self._index[q]
             window = self._windows[i]
             window.extend(outcomes)
-            self._rate[i] = sum(window) / len(window)
-            self._latest_correct[i] = sum(outcomes)
-            self._latest_total[i] = len(outcomes)
+            cols["rate"][i] = sum(window) / len(window)
+            cols["latest_correct"][i] = sum(outcomes)
+            cols["latest_total"][i] = len(outcomes)
             solved = len(outcomes) >= self.min_retire_group and all(outcomes)
-            if self.retire_solved and solved and not self._retired_mask[i]:
-                self._retired_mask[i] = True
+            if self.retire_solved and solved and not cols["retired"][i]:
+                cols["retired"][i] = True
                 self._retired.add(q)
                 retired_now.append(q)
         return torch.tensor(retired_now, dtype=torch.long)
@@ -190,13 +196,13 @@ class DifficultyBucketer:
 
     def dense_rates(self) -> np.ndarray:
         """`[num_known]` float64 rate of each question, in dense order. Read-only view."""
-        view = self._rate.view()
+        view = self._col("rate").view()
         view.flags.writeable = False
         return view
 
     def dense_retired(self) -> np.ndarray:
         """`[num_known]` bool retired flag of each question, in dense order. Read-only view."""
-        view = self._retired_mask.view()
+        view = self._col("retired").view()
         view.flags.writeable = False
         return view
 
@@ -210,7 +216,7 @@ class DifficultyBucketer:
         idx = self.dense_index(question_ids)
         out = np.full(idx.shape, np.nan)
         known = idx >= 0
-        out[known] = self._rate[idx[known]]
+        out[known] = self._cols["rate"][idx[known]]
         return torch.from_numpy(out).float()
 
     def latest_counts(self, question_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -219,13 +225,13 @@ class DifficultyBucketer:
         known = idx >= 0
         correct = np.zeros(idx.shape, dtype=np.int64)
         total = np.zeros(idx.shape, dtype=np.int64)
-        correct[known] = self._latest_correct[idx[known]]
-        total[known] = self._latest_total[idx[known]]
+        correct[known] = self._cols["latest_correct"][idx[known]]
+        total[known] = self._cols["latest_total"][idx[known]]
         return torch.from_numpy(correct), torch.from_numpy(total)
 
     def known_questions(self) -> Tensor:
         """long ids of every question seen so far, retired ones included, in order of first appearance."""
-        return torch.from_numpy(self._qids.copy())
+        return torch.from_numpy(self._col("qid").copy())
 
     @property
     def retired(self) -> frozenset[int]:
@@ -235,15 +241,14 @@ class DifficultyBucketer:
     def rates_by_domain(self) -> dict[str, Tensor]:
         """float32 rates of known, non-retired questions per domain ("default" for questions without one)."""
         names = self._domain_names + ["default"]
-        codes = np.where(self._domain < 0, len(self._domain_names), self._domain)
-        active = ~self._retired_mask
-        return {
-            names[c]: torch.from_numpy(self._rate[(codes == c) & active]).float() for c in np.unique(codes)
-        }
+        domain, rate = self._col("domain"), self._col("rate")
+        codes = np.where(domain < 0, len(self._domain_names), domain)
+        active = ~self._col("retired")
+        return {names[c]: torch.from_numpy(rate[(codes == c) & active]).float() for c in np.unique(codes)}
 
     def histogram(self, num_tiers: int) -> Tensor:
         """`[num_tiers]` long count of known questions (retired ones included) per difficulty tier."""
-        tiers = tier_of(torch.from_numpy(self._rate), num_tiers)
+        tiers = tier_of(torch.from_numpy(self._col("rate")), num_tiers)
         return torch.bincount(tiers, minlength=num_tiers)
 
     def medium_range(
@@ -264,7 +269,7 @@ class DifficultyBucketer:
         low, high = check_rate_range(base, "base")
         if not adaptive:
             return low, high
-        rates = self._rate[~self._retired_mask]
+        rates = self._col("rate")[~self._col("retired")]
         rates = rates[(rates > 0) & (rates < 1)]
         if rates.size == 0:
             return low, high
@@ -277,13 +282,13 @@ class DifficultyBucketer:
         lengths = [len(w) for w in self._windows]
         outcomes = [c for w in self._windows for c in w]
         return {
-            "question_ids": torch.from_numpy(self._qids.copy()),
+            "question_ids": torch.from_numpy(self._col("qid").copy()),
             "window_lengths": torch.tensor(lengths, dtype=torch.long),
             "outcomes": torch.tensor(outcomes, dtype=torch.bool),
-            "latest_correct": torch.from_numpy(self._latest_correct.copy()),
-            "latest_total": torch.from_numpy(self._latest_total.copy()),
-            "retired": torch.from_numpy(self._retired_mask.copy()),
-            "domain_codes": torch.from_numpy(self._domain.copy()),
+            "latest_correct": torch.from_numpy(self._col("latest_correct").copy()),
+            "latest_total": torch.from_numpy(self._col("latest_total").copy()),
+            "retired": torch.from_numpy(self._col("retired").copy()),
+            "domain_codes": torch.from_numpy(self._col("domain").copy()),
             "domain_names": list(self._domain_names),
             "warned_non_binary": self._warned_non_binary,
         }
@@ -292,26 +297,21 @@ class DifficultyBucketer:
         """Restore `state_dict()` output; a window longer than `window_size` keeps its newest outcomes."""
         self._reset()
         self._layout_version += 1
-        qids = state["question_ids"].long().numpy()
-        n = qids.size
-        self._grow(n)
-        self._qids[:] = qids
-        self._index = {int(q): i for i, q in enumerate(qids.tolist())}
-        lengths = state["window_lengths"].tolist()
+        qids = state["question_ids"].long().tolist()
+        self._add_questions(qids)
         outcomes = state["outcomes"].tolist()
         start = 0
-        for i, length in enumerate(lengths):
-            window = deque(outcomes[start : start + length], maxlen=self.window_size)
+        for window, length in zip(self._windows, state["window_lengths"].tolist(), strict=True):
+            window.extend(outcomes[start : start + length])  # the deque's maxlen keeps the newest
             start += length
-            self._windows.append(window)
-            self._rate[i] = sum(window) / len(window) if window else math.nan
-        self._latest_correct[:] = state["latest_correct"].numpy()
-        self._latest_total[:] = state["latest_total"].numpy()
-        self._retired_mask[:] = state["retired"].numpy()
-        self._domain[:] = state["domain_codes"].numpy()
+        self._col("rate")[:] = [sum(w) / len(w) if w else math.nan for w in self._windows]
+        self._col("latest_correct")[:] = state["latest_correct"].numpy()
+        self._col("latest_total")[:] = state["latest_total"].numpy()
+        self._col("retired")[:] = state["retired"].numpy()
+        self._col("domain")[:] = state["domain_codes"].numpy()
         self._domain_names = list(state["domain_names"])
         self._domain_codes = {name: i for i, name in enumerate(self._domain_names)}
-        self._retired = set(qids[self._retired_mask].tolist())
+        self._retired = {q for q, retired in zip(qids, state["retired"].tolist(), strict=True) if retired}
         self._warned_non_binary = bool(state["warned_non_binary"])
 
 
@@ -336,6 +336,15 @@ def gaussian_bucket_draw(
     Vectorised as rejection sampling: draw buckets with replacement and reject draws of exhausted buckets,
     which is exactly drawing from the non-empty ones. Each round that falls short exhausts a bucket, which
     the next round leaves out.
+
+    Args:
+        rates: `[n]` float64 finite rates of the eligible questions; equal rates share a bucket.
+        size: number of questions wanted.
+        sigma: width of the bucket weight in rate units, > 0 (the paper: 1 count at K=8, i.e. 0.125).
+        generator: source of randomness; torch's global generator when None.
+
+    Returns:
+        `[min(size, n)]` int64 indices into `rates`, distinct, in draw order.
     """
     k = min(size, len(rates))
     # A stable sort of a random permutation: buckets contiguous, random order inside each, so the j-th draw

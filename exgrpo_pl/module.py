@@ -392,7 +392,7 @@ class ExGRPOModule(LightningModule):
                 if not hp.truncate_prompts:
                     raise ValueError(
                         f"prompt of question_id={qid} has {len(ids)} tokens > max_prompt_length="
-                        f"{hp.max_prompt_length} (truncate_prompts: true keeps the last ones): {prompt[:60]!r}"
+                        f"{hp.max_prompt_length} (truncate_prompts: true keeps the end): {prompt[:60]!r}"
                     )
                 ids = ids[-hp.max_prompt_length :]
             rows.append(torch.tensor(ids, dtype=torch.long))

@@ -1,11 +1,14 @@
 """SelectiveReplay: the replay coin flip, sampling through a buffer, adaptive range and state round trips."""
 
+import ast
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import exgrpo_pl
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
 from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.difficulty import DifficultyBucketer
@@ -139,3 +142,27 @@ def test_validation_errors():
         SelectiveReplay(gaussian_sigma=-1.0)
     with pytest.raises(ValueError, match="trajectory_selection"):
         SelectiveReplay(trajectory_selection="shortest")
+
+
+def test_core_modules_import_no_framework():
+    """difficulty <- buffer <- replay import only the standard library, NumPy, torch and each other."""
+    allowed = {"__future__", "collections", "heapq", "math", "warnings", "zlib", "numpy", "torch"}
+    package = Path(exgrpo_pl.__file__).parent
+    own = {
+        "difficulty": set(),
+        "buffer": {"batch", "difficulty"},
+        "replay": {"batch", "buffer", "difficulty"},
+    }
+    for name, internal in own.items():
+        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top, _, rest = module.partition(".")
+                assert top in allowed or (top == "exgrpo_pl" and rest in internal), (
+                    f"{name}.py imports {module}"
+                )

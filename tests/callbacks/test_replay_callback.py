@@ -1,0 +1,146 @@
+"""ReplayCallback through real Trainer runs on a tiny model: swap, mix, fallbacks, start triggers, checkpoints."""
+
+import pytest
+import torch
+from exgrpo_pl.callbacks import ReplayCallback
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.rewards import FormatReward
+
+
+class RecordRollouts(Callback):
+    """Keeps what every training step trained on."""
+
+    def __init__(self):
+        self.rollouts = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rollouts.append(outputs["rollouts"])
+
+
+def fit(tmp_path, model_dir, callbacks, max_steps=4, **trainer_kwargs):
+    seed_everything(0)
+    # A random policy never solves arithmetic; the format reward varies across samples, so groups carry signal.
+    module = ExGRPOModule(
+        model_name_or_path=model_dir,
+        num_generations=4,
+        max_completion_length=4,
+        learning_rate=1e-3,
+        reward_funcs=[FormatReward(r"[0-9].*")],
+    )
+    data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
+    record = RecordRollouts()
+    trainer = Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[*callbacks, record],
+        default_root_dir=tmp_path,
+        **{"enable_checkpointing": False, **trainer_kwargs},
+    )
+    trainer.fit(module, datamodule=data)
+    return trainer, record.rollouts
+
+
+def uniform_replay(replay_probability=1.0):
+    return SelectiveReplay(strategy="uniform", replay_probability=replay_probability)
+
+
+def test_swap_mode_replaces_whole_batches_after_the_first_step(tmp_path, tiny_model_dir):
+    callback = ReplayCallback(replay=uniform_replay(), mode="swap", min_buffer_size=1)
+    trainer, rollouts = fit(tmp_path, tiny_model_dir, [callback])
+    assert not rollouts[0].replayed.any()  # empty buffer: the first step is on-policy
+    for step in rollouts[1:]:
+        # Up to B*K stored trajectories, nothing generated; "uniform" takes one per stored question.
+        assert step.replayed.all() and step.group_size == 1 and 0 < len(step) <= 4 * 4
+    assert callback.replayed_steps == 3
+    assert trainer.logged_metrics["replay/fraction"] == 1.0
+    assert "replay/staleness" in trainer.logged_metrics
+
+
+def test_mix_mode_replays_a_fraction_of_questions_as_groups(tmp_path, tiny_model_dir):
+    callback = ReplayCallback(replay=uniform_replay(), mode="mix", mix_fraction=0.5, min_buffer_size=1)
+    trainer, rollouts = fit(tmp_path, tiny_model_dir, [callback])
+    for step in rollouts[1:]:
+        assert len(step) == 16 and step.group_size == 4
+        # Two of four questions replayed: exactly one stored row in each of the last two groups.
+        assert step.replayed.view(4, 4).sum(1).tolist() == [0, 0, 1, 1]
+    assert trainer.logged_metrics["replay/fraction"] == pytest.approx(2 / 16)
+    assert "train/is_weight" in trainer.logged_metrics
+
+
+def test_too_small_buffer_falls_back_to_on_policy_and_counts_it(tmp_path, tiny_model_dir):
+    callback = ReplayCallback(replay=uniform_replay(), mode="swap", min_buffer_size=10_000)
+    trainer, rollouts = fit(tmp_path, tiny_model_dir, [callback])
+    assert not any(step.replayed.any() for step in rollouts)
+    assert callback.fallback_steps == 4
+    assert trainer.logged_metrics["replay/fallback_steps"] == 4
+
+
+def test_pass_rate_trigger_and_start_epoch_hold_replay_back(tmp_path, tiny_model_dir):
+    never = ReplayCallback(replay=uniform_replay(), min_buffer_size=1, start_pass_rate=1.0)
+    _, rollouts = fit(tmp_path, tiny_model_dir, [never])
+    assert not any(step.replayed.any() for step in rollouts) and never.fallback_steps == 0
+    later = ReplayCallback(replay=uniform_replay(), min_buffer_size=1, replay_start_epoch=1)
+    trainer, rollouts = fit(
+        tmp_path, tiny_model_dir, [later], max_steps=-1, max_epochs=2, limit_train_batches=2
+    )
+    assert [bool(s.replayed.any()) for s in rollouts] == [False, False, True, True]
+
+
+def test_paper_strategy_rescores_entropy_with_the_current_policy(tmp_path, tiny_model_dir):
+    replay = SelectiveReplay(strategy="gaussian_lowest_entropy", replay_probability=1.0)
+    callback = ReplayCallback(replay=replay, mode="mix", min_buffer_size=1)
+    trainer, rollouts = fit(tmp_path, tiny_model_dir, [callback])
+    assert trainer.logged_metrics["timing/replay_rescore"] > 0
+
+
+def test_buffer_survives_a_checkpoint_loaded_with_weights_only(tmp_path, tiny_model_dir):
+    callback = ReplayCallback(replay=uniform_replay(), min_buffer_size=1)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    fit(tmp_path, tiny_model_dir, [callback, checkpoint], max_steps=2, enable_checkpointing=True)
+    path = tmp_path / "ckpt" / "last.ckpt"
+    raw = torch.load(path, weights_only=True)  # tensors and primitives only
+    (state,) = [v for k, v in raw["callbacks"].items() if k.startswith("ReplayCallback")]
+    assert len(state["ranks"]) == 1
+
+    restored = ReplayCallback(replay=uniform_replay(), min_buffer_size=1)
+    restored.load_state_dict(state)
+    assert len(restored.buffer) == len(callback.buffer) > 0
+    assert restored.replayed_steps == callback.replayed_steps
+    sample = lambda cb: cb.replay.sample(cb.buffer, 4).question_ids.tolist()  # noqa: E731
+    callback.replay.load_state_dict(state["ranks"][0]["replay"])
+    assert sample(restored) == sample(callback)
+
+
+def test_retired_questions_leave_on_policy_sampling(tmp_path, tiny_model_dir):
+    buffer = TrajectoryBuffer(max_size=1000)
+    callback = ReplayCallback(buffer=buffer, replay=uniform_replay(replay_probability=0.0), min_buffer_size=1)
+    trainer, _ = fit(tmp_path, tiny_model_dir, [callback], max_steps=-1, max_epochs=2, limit_train_batches=3)
+    retired = set(buffer.bucketer.retired)
+    assert retired, "the format reward is easy enough that some question is solved by all 4 rollouts"
+    assert retired <= trainer.datamodule.excluded_question_ids
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"mode": "both"}, "allowed: swap, mix"),
+        ({"mix_fraction": 1.5}, "mix_fraction=1.5"),
+        ({"start_pass_rate": -0.1}, "start_pass_rate=-0.1"),
+        ({"min_buffer_size": 0}, "min_buffer_size=0"),
+        ({"replay": SelectiveReplay(entropy_percentile=10)}, "entropy_percentile=10 is not one of"),
+    ],
+)
+def test_bad_settings_are_rejected_before_training(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ReplayCallback(**kwargs)
