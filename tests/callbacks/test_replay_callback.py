@@ -1,4 +1,4 @@
-"""ReplayCallback through real Trainer runs on a tiny model: swap, mix, fallbacks, start triggers, checkpoints."""
+"""ReplayCallback in real Trainer runs on a tiny model: swap, mix, fallbacks, triggers, checkpoints."""
 
 import pytest
 import torch
@@ -24,15 +24,15 @@ class RecordRollouts(Callback):
         self.rollouts.append(outputs["rollouts"])
 
 
-def fit(tmp_path, model_dir, callbacks, max_steps=4, **trainer_kwargs):
+def fit(tmp_path, model_dir, callbacks, max_steps=4, reward=None, **trainer_kwargs):
     seed_everything(0)
-    # A random policy never solves arithmetic; the format reward varies across samples, so groups carry signal.
+    # A random policy never solves arithmetic; a format reward varies across samples, so groups carry signal.
     module = ExGRPOModule(
         model_name_or_path=model_dir,
         num_generations=4,
         max_completion_length=4,
         learning_rate=1e-3,
-        reward_funcs=[FormatReward(r"[0-9].*")],
+        reward_funcs=[reward or FormatReward(r"[0-9].*")],
     )
     data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
     record = RecordRollouts()
@@ -125,10 +125,24 @@ def test_buffer_survives_a_checkpoint_loaded_with_weights_only(tmp_path, tiny_mo
 def test_retired_questions_leave_on_policy_sampling(tmp_path, tiny_model_dir):
     buffer = TrajectoryBuffer(max_size=1000)
     callback = ReplayCallback(buffer=buffer, replay=uniform_replay(replay_probability=0.0), min_buffer_size=1)
-    trainer, _ = fit(tmp_path, tiny_model_dir, [callback], max_steps=-1, max_epochs=2, limit_train_batches=3)
-    retired = set(buffer.bucketer.retired)
-    assert retired, "the format reward is easy enough that some question is solved by all 4 rollouts"
-    assert retired <= trainer.datamodule.excluded_question_ids
+
+    def starts_with_one(prompts, completions, **columns):  # every rollout of these questions is "correct"
+        return [float(p.startswith("1")) for p in prompts]
+
+    trainer, rollouts = fit(
+        tmp_path,
+        tiny_model_dir,
+        [callback],
+        max_steps=-1,
+        max_epochs=3,
+        limit_train_batches=4,
+        reward=starts_with_one,
+    )
+    excluded = trainer.datamodule.excluded_question_ids  # as set at the start of the last epoch
+    assert excluded and excluded <= set(buffer.bucketer.retired)
+    assert all(buffer.bucketer.rates(torch.tensor(sorted(excluded))) == 1.0)
+    last_epoch = torch.cat([step.question_ids for step in rollouts[-4:]]).tolist()
+    assert not excluded & set(last_epoch)
 
 
 @pytest.mark.parametrize(
