@@ -22,7 +22,8 @@ class ExGRPOCLI(LightningCLI):
         lines = ["", "Training finished."]
         if trainer.logger is not None and trainer.logger.log_dir:
             lines.append(f"  logs:        {trainer.logger.log_dir}")
-            lines.append(f"  dashboards:  tensorboard --logdir {trainer.logger.save_dir}")
+            root = getattr(trainer.logger, "root_dir", trainer.logger.save_dir)
+            lines.append(f"  dashboards:  tensorboard --logdir {root}")
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None:
             path = checkpoint.best_model_path or checkpoint.last_model_path

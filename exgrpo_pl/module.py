@@ -15,6 +15,7 @@ from copy import deepcopy
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import get_scheduler
@@ -73,6 +74,10 @@ class ExGRPOModule(LightningModule):
         shaping_beta: beta of policy shaping (paper: 0.1).
         is_truncation: cap of truncated importance sampling.
         val_temperature: sampling temperature of validation pass@1; None = `temperature`, 0 = greedy.
+        val_num_generations: completions sampled per validation prompt; pass@1 is their mean correctness
+            (more samples, less noise).
+        validate_at_start: measure validation pass@1 once before the first update (logged at step 0), so
+            every run shows where it started.
         chat_template: wrap each prompt as a user message with the tokenizer's chat template.
         dtype: parameter dtype of the policy ("float32", "bfloat16", "float16").
         attn_implementation: attention kernel passed to `from_pretrained`.
@@ -109,6 +114,8 @@ class ExGRPOModule(LightningModule):
         shaping_beta: float = 0.1,
         is_truncation: float = 2.0,
         val_temperature: float | None = None,
+        val_num_generations: int = 1,
+        validate_at_start: bool = False,
         chat_template: bool = False,
         dtype: str = "float32",
         attn_implementation: str | None = None,
@@ -136,7 +143,8 @@ class ExGRPOModule(LightningModule):
         self.reference = None
         self.val_pass_at_1 = MeanMetric()
         self.test_pass_at_1 = MeanMetric()
-        self.num_tokens = 0
+        self.num_tokens = 0  # prompt + completion tokens trained on (TRL's num_tokens)
+        self.generated_tokens = 0  # completion tokens sampled; replay saves these, so budgets compare on it
 
     # ----------------------------------------------------------------------------------------- setup
     def configure_model(self) -> None:
@@ -238,6 +246,7 @@ class ExGRPOModule(LightningModule):
             eos_token_ids=self.eos_token_ids,
         )
         metrics["timing/generation"] = time.perf_counter() - started
+        self.generated_tokens += int(completion_mask.sum())
 
         started = time.perf_counter()
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
@@ -417,6 +426,7 @@ class ExGRPOModule(LightningModule):
             "train/entropy": rollouts.entropy.mean(),
             "train/learning_rate": torch.tensor(self.optimizers().param_groups[0]["lr"]),
             "train/num_tokens": torch.tensor(float(self.num_tokens)),
+            "train/generated_tokens": torch.tensor(float(self.generated_tokens)),
             "train/step_time": torch.tensor(step_time),
             **{f"train/{key}": value for key, value in stats.items()},
         }
@@ -429,11 +439,13 @@ class ExGRPOModule(LightningModule):
         self.log("pass@1", metrics["train/pass@1"], prog_bar=True, logger=False, batch_size=len(rollouts))
 
     # -------------------------------------------------------------------------------- evaluation
-    def _evaluate(self, batch: dict, metric: MeanMetric, name: str) -> None:
+    def _pass_rate(self, batch: dict) -> Tensor:
+        """`[B * n]` 1.0 where a completion sampled at `val_temperature` is correct, n per prompt."""
         hp = self.hparams
+        n = hp.val_num_generations
         temperature = hp.temperature if hp.val_temperature is None else hp.val_temperature
         prompt_ids, prompt_mask = pad_sequences(
-            self._encode_prompts(batch["prompt"], batch["question_id"]),
+            [row for row in self._encode_prompts(batch["prompt"], batch["question_id"]) for _ in range(n)],
             left=True,
             pad_value=self.tokenizer.pad_token_id,
         )
@@ -448,11 +460,25 @@ class ExGRPOModule(LightningModule):
             eos_token_ids=self.eos_token_ids,
         )
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        rewards, _ = compute_rewards(
-            self.reward_funcs, self.reward_weights, list(batch["prompt"]), completions, _columns(batch)
-        )
-        metric.update((rewards > hp.correct_threshold).float().to(self.device))
-        self.log(name, metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(completions))
+        prompts = [p for p in batch["prompt"] for _ in range(n)]
+        columns = {key: [v for v in value for _ in range(n)] for key, value in _columns(batch).items()}
+        rewards, _ = compute_rewards(self.reward_funcs, self.reward_weights, prompts, completions, columns)
+        return (rewards > hp.correct_threshold).float().to(self.device)
+
+    def _evaluate(self, batch: dict, metric: MeanMetric, name: str) -> None:
+        metric.update(self._pass_rate(batch))
+        self.log(name, metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(batch["prompt"]))
+
+    def on_train_start(self) -> None:
+        if not self.hparams.validate_at_start or self.trainer.datamodule is None:
+            return
+        start = MeanMetric().to(self.device)
+        for batch in self.trainer.datamodule.val_dataloader():
+            start.update(self._pass_rate(batch))
+        value = float(start.compute())
+        if self.logger is not None:
+            self.logger.log_metrics({"val/pass@1": value}, step=self.global_step)
+        rank_zero_info(f"val/pass@1 before training: {value:.3f}")
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._evaluate(batch, self.val_pass_at_1, "val/pass@1")
@@ -461,10 +487,15 @@ class ExGRPOModule(LightningModule):
         self._evaluate(batch, self.test_pass_at_1, "test/pass@1")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["num_tokens"] = self.num_tokens
+        checkpoint["token_counts"] = {
+            "num_tokens": self.num_tokens,
+            "generated_tokens": self.generated_tokens,
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.num_tokens = checkpoint.get("num_tokens", 0)
+        counts = checkpoint.get("token_counts", {})
+        self.num_tokens = counts.get("num_tokens", 0)
+        self.generated_tokens = counts.get("generated_tokens", 0)
 
 
 def _columns(batch: dict) -> dict[str, list]:
@@ -502,6 +533,7 @@ _LOWER_BOUNDS = [
     ("shaping_beta", 0.0, False),
     ("is_truncation", 0.0, False),
     ("val_temperature", 0.0, True),
+    ("val_num_generations", 1, True),
 ]
 _CHOICES = {
     "loss_type": LOSS_TYPES,

@@ -1,0 +1,98 @@
+"""exgrpo_pl.rollout: masks, the alignment of scored log-probs and entropies, and the entropy measures."""
+
+import math
+from types import SimpleNamespace
+
+import torch
+
+from exgrpo_pl.models import load_policy
+from exgrpo_pl.rollout import (
+    completion_logps,
+    completion_mask_from_ids,
+    compute_entropy,
+    position_ids_from_mask,
+    sample_completions,
+    score_entropy,
+)
+
+# Next-token logits chosen per input token, so every entropy below is known by hand.
+TABLE = torch.log(torch.tensor([[1 / 3, 1 / 3, 1 / 3], [0.5, 0.25, 0.25], [0.9, 0.05, 0.05]]))
+H = [float(-(row.exp() * row).sum()) for row in TABLE]
+
+
+class TableModel:
+    """A 'language model' whose logits at a position depend only on the token there; records positions."""
+
+    def __call__(self, input_ids, attention_mask, position_ids, logits_to_keep, use_cache):
+        self.position_ids = position_ids
+        return SimpleNamespace(logits=TABLE[input_ids][:, -logits_to_keep:])
+
+
+def test_completion_mask_stops_after_the_first_eos():
+    ids = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8]])
+    mask, truncated = completion_mask_from_ids(ids, eos_token_ids=[2])
+    assert mask.tolist() == [[True, True, False, False], [True, True, True, True]]
+    assert truncated.tolist() == [False, True]
+
+
+def test_positions_count_real_tokens_only():
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+def test_selection_entropy_counts_completion_tokens_only_with_padding_on_both_sides():
+    # Row 0: prompt [pad, pad, 1], completion [2, 1, pad]. Row 1: prompt [1, 2, 2], completion [1, pad, pad].
+    batch = SimpleNamespace(
+        prompt_ids=torch.tensor([[0, 0, 1], [1, 2, 2]]),
+        prompt_mask=torch.tensor([[False, False, True], [True, True, True]]),
+        completion_ids=torch.tensor([[2, 1, 0], [1, 0, 0]]),
+        completion_mask=torch.tensor([[True, True, False], [True, False, False]]),
+    )
+    # Completion token j is predicted by the logits at the token before it: the last prompt token, then
+    # the completion's own tokens. Row 0: tokens 1 and 2 predict; row 1: prompt token 2 predicts.
+    expected = torch.tensor([(H[1] + H[2]) / 2, H[2]])
+    assert torch.allclose(score_entropy(TableModel(), batch), expected, atol=1e-6)
+
+
+def test_logps_are_those_of_the_tokens_and_positions_follow_the_mask():
+    model = TableModel()
+    logps, entropy = completion_logps(
+        model,
+        torch.tensor([[0, 1]]),
+        torch.tensor([[False, True]]),
+        torch.tensor([[2, 0]]),
+        torch.tensor([[True, True]]),
+    )
+    assert torch.allclose(logps, torch.tensor([[math.log(0.25), math.log(0.9)]]))
+    assert torch.allclose(entropy, torch.tensor([[H[1], H[2]]]), atol=1e-6)
+    assert model.position_ids.tolist() == [[0, 0, 1, 2]]
+
+
+def test_compute_entropy_methods_by_hand():
+    logits = TABLE[torch.tensor([[1, 2, 0]])]  # [1, 3, V]
+    mask = torch.tensor([[True, True, False]])
+    assert torch.allclose(compute_entropy(logits, mask), torch.tensor([(H[1] + H[2]) / 2]))
+    variance = ((0.5 - 0.7) ** 2 + (0.9 - 0.7) ** 2) / 2  # top-token probabilities 0.5 and 0.9
+    assert torch.allclose(compute_entropy(logits, mask, "confidence_variance"), torch.tensor([variance]))
+
+
+def test_sampled_logps_match_a_rescoring_forward_pass(tiny_model_dir):
+    """What generate sampled from and what the update scores are the same distribution (left padding)."""
+    model = load_policy(tiny_model_dir)
+    torch.manual_seed(0)
+    prompt_ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 4]])
+    prompt_mask = prompt_ids != 0
+    ids, mask, _ = sample_completions(
+        model,
+        prompt_ids,
+        prompt_mask,
+        max_new_tokens=3,
+        temperature=1.0,
+        top_p=1.0,
+        pad_token_id=0,
+        eos_token_ids=[2],
+    )
+    logps, _ = completion_logps(model, prompt_ids, prompt_mask, ids, mask)
+    # Score again with the row alone, without left padding: same numbers if positions are right.
+    alone, _ = completion_logps(model, prompt_ids[:1, 2:], prompt_mask[:1, 2:], ids[:1], mask[:1])
+    assert torch.allclose(logps[0][mask[0]], alone[0][mask[0]], atol=1e-5)
