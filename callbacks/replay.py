@@ -74,8 +74,8 @@ class ReplayCallback(Callback):
             and self.replay.entropy_percentile not in percentiles
         ):
             raise ValueError(
-                f"SelectiveReplay entropy_percentile={self.replay.entropy_percentile} is not one of the buffer's "
-                f"entropy_percentiles {list(percentiles)}"
+                f"SelectiveReplay entropy_percentile={self.replay.entropy_percentile} is not one of the "
+                f"buffer's entropy_percentiles {list(percentiles)}"
             )
         self.mode = mode
         self.mix_fraction = mix_fraction

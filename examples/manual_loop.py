@@ -8,8 +8,12 @@ with importance weights. The library supplies the seed's objects: `TrajectoryBuf
 the seed's per-trajectory dict ({"prompt", "rollout", "reward", "is_correct", "entropy"}); this loop stores
 whole `RolloutBatch`es instead, which carry the token ids and behaviour log-probs that replay needs.
 
-    python examples/manual_loop.py                 # about 30 s on two CPU cores
-    python examples/manual_loop.py --epochs 5 --replay-probability 0.5
+    python examples/manual_loop.py                 # about 15 s on one CPU core, most of it imports
+    python examples/manual_loop.py --epochs 6 --steps-per-epoch 40 --batch-size 16 --num-rollouts 8
+
+The default run (60 steps of 8 prompts x 4 rollouts) is a smoke run: too short and too small a batch for
+the tiny policy to improve visibly. The second command (the seed config's batch, about 40 s) does: val
+pass@1 goes from 0.21 to about 0.30.
 """
 
 from __future__ import annotations
@@ -38,7 +42,6 @@ from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.rollout import completion_logps, sample_completions
 
 MODEL = "embedded:tiny-arith"
-NUM_ROLLOUTS = 4  # K, rollouts per prompt
 TEMPERATURE = 1.0
 MAX_NEW_TOKENS = 6  # the longest answer ("-89") plus EOS fits easily
 
@@ -48,8 +51,11 @@ verifier = ArithmeticReward()
 @torch.no_grad()
 def rollout(model, tokenizer, batch: dict, num_rollouts: int, version: int = 0) -> RolloutBatch:
     """The seed's `model.rollout` + `verifier.evaluate`: K sampled completions per prompt, scored."""
+
+    def repeat(values: list) -> list:  # rows of one question sit next to each other, as GRPO groups
+        return [v for v in values for _ in range(num_rollouts)]
+
     prompt_rows = [torch.tensor(ids) for ids in tokenizer(batch["prompt"])["input_ids"]]
-    repeat = lambda values: [v for v in values for _ in range(num_rollouts)]  # noqa: E731
     prompt_ids, prompt_mask = pad_sequences(repeat(prompt_rows), left=True, pad_value=tokenizer.pad_token_id)
     completion_ids, completion_mask, _ = sample_completions(
         model, prompt_ids, prompt_mask, max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE, top_p=1.0,
@@ -108,10 +114,13 @@ def pass_at_1(model, tokenizer, rows: list[dict]) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Train, printing one line per epoch; returns per-epoch mean rewards (fresh rollouts only), val pass@1
+    and replay steps, plus the total replay steps, final buffer size and number of retired questions."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps-per-epoch", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=8, help="prompts per step (x K rollouts)")
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
+    parser.add_argument("--num-rollouts", type=int, default=4, help="K, rollouts per prompt (>= 2)")
     parser.add_argument("--replay-start-epoch", type=int, default=1)
     # The seed waits for 1000 stored trajectories; a 20-step demo epoch stores about 600 (8 prompts x K=4
     # x 20 steps, less retired questions), so 1000 would keep replay off until the last epoch.
@@ -155,6 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     for epoch in range(args.epochs):
         rewards_seen, replay_steps = [], 0
         for batch in itertools.islice(on_policy_dataloader, args.steps_per_epoch):
+            # The seed's two phases: on-policy only before replay_start_epoch, then the coin flip per step.
             use_replay = epoch >= args.replay_start_epoch and replay_manager.should_replay()
             rollouts = None
             if use_replay and len(trajectory_buffer) > args.min_buffer_size:
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
                 # question's current correctness rate, a fresh baseline rather than the stale group mean.
                 replay_batch = trajectory_buffer.sample(
                     strategy="medium_difficulty_low_entropy",
-                    size=len(batch["prompt"]) * NUM_ROLLOUTS,
+                    size=len(batch["prompt"]) * args.num_rollouts,
                     difficulty_range=(0.3, 0.7),
                     entropy_percentile=25,  # bottom 25% entropy
                 )
@@ -174,8 +184,8 @@ def main(argv: list[str] | None = None) -> dict:
                     )  # fmt: skip
                     last_replayed = (prompts[0], completions[0], float(rewards[0]))
             if rollouts is None:  # standard on-policy GRPO
-                rollouts = rollout(model, tokenizer, batch, NUM_ROLLOUTS, version)
-                rollouts.advantages = group_advantages(rollouts.rewards, NUM_ROLLOUTS)  # (r - mean) / std
+                rollouts = rollout(model, tokenizer, batch, args.num_rollouts, version)
+                rollouts.advantages = group_advantages(rollouts.rewards, args.num_rollouts)  # (r-mean)/std
                 rewards_seen.append(rollouts.rewards)
             grpo_step(model, optimizer, rollouts)
             version += 1

@@ -176,3 +176,13 @@ def test_swap_experience_trains_on_stored_rows_without_generating(tiny_model_dir
     assert len(trained) == 6 and bool(trained.replayed.all())
     assert trainer.logged_metrics["timing/generation"] == 0.0
     assert "train/is_weight" in trainer.logged_metrics
+
+
+def test_kl_to_a_frozen_reference_only_when_beta_is_positive(tiny_model_dir, tmp_path):
+    assert make_module(tiny_model_dir).reference is None
+    module = make_module(tiny_model_dir, beta=0.1)
+    reference = [p.detach().clone() for p in module.reference.parameters()]
+    trainer = tiny_trainer(tmp_path, max_steps=2, limit_val_batches=0)
+    trainer.fit(module, datamodule=make_data())
+    assert float(trainer.logged_metrics["train/kl"]) > 0  # the policy moved away from the reference
+    assert all(torch.equal(a, b) for a, b in zip(reference, module.reference.parameters()))
