@@ -34,12 +34,12 @@ from exgrpo_pl.losses import (
     compute_grpo_loss,
     compute_importance_weights,
     group_advantages,
-    masked_mean,
+    selective_log_softmax,
 )
 from exgrpo_pl.models import load_policy, load_tokenizer
 from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.rewards import ArithmeticReward
-from exgrpo_pl.rollout import completion_logps, sample_completions
+from exgrpo_pl.rollout import completion_logits, compute_entropy, sample_completions
 
 MODEL = "embedded:tiny-arith"
 TEMPERATURE = 1.0
@@ -81,10 +81,11 @@ def rollout(model, tokenizer, batch: dict, num_rollouts: int, version: int = 0) 
 def grpo_step(model, optimizer, rollouts: RolloutBatch) -> float:
     """One policy-gradient step. Fresh rows get their behaviour log-probs and entropy from this forward pass,
     taken before the update, i.e. under the policy that sampled them: what the buffer must store."""
-    logps, token_entropy = completion_logps(
+    logits = completion_logits(
         model, rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask,
         TEMPERATURE,
     )  # fmt: skip
+    logps = selective_log_softmax(logits, rollouts.completion_ids)
     mask = rollouts.completion_mask
     importance_weights = None
     if rollouts.replayed.any():
@@ -94,7 +95,7 @@ def grpo_step(model, optimizer, rollouts: RolloutBatch) -> float:
     else:
         rollouts.behaviour_logps = logps.detach().masked_fill(~mask, 0.0)
         # The seed's compute_entropy: mean token entropy over the real completion tokens only.
-        rollouts.entropy = masked_mean(token_entropy.detach(), mask, dim=1)
+        rollouts.entropy = compute_entropy(logits.detach(), mask)
     loss, _ = compute_grpo_loss(
         logps, logps.detach(), rollouts.advantages, mask,  # old = current: one update per batch, ratio 1
         LossNormaliser(len(rollouts), int(mask.sum()), MAX_NEW_TOKENS),

@@ -81,23 +81,14 @@ def sample_completions(
     return completion_ids.masked_fill(~mask, pad_token_id), mask, truncated
 
 
-def completion_logps(
-    model,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    completion_ids: Tensor,
-    completion_mask: Tensor,
+def completion_logits(
+    model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor,
     temperature: float = 1.0,
-    with_entropy: bool = True,
-) -> tuple[Tensor, Tensor | None]:
-    """Per-token log-probs (and entropies) of the completion tokens from one forward pass.
+) -> Tensor:
+    """The logits that predicted each completion token, divided by the sampling temperature. `[N, C, V]`.
 
-    Logits are divided by the sampling temperature, as the sampler did, so these are the log-probs of
-    the distribution the tokens were drawn from.
-
-    Returns:
-        log-probs `[N, C]` and token entropies `[N, C]` (None when `with_entropy` is False); both are
-        only meaningful where `completion_mask` is True.
+    Dividing by the temperature, as the sampler did, makes these the logits of the distribution the tokens
+    were drawn from.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P+C]
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [N, P+C]
@@ -109,7 +100,25 @@ def completion_logps(
         logits_to_keep=width + 1,
         use_cache=False,
     ).logits  # [N, C+1, V]
-    logits = logits[:, :-1].float() / max(temperature, 1e-6)  # [N, C, V] the logits that predicted each token
+    return logits[:, :-1].float() / max(temperature, 1e-6)  # [N, C, V] position t predicts token t
+
+
+def completion_logps(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log-probs (and entropies) of the completion tokens from one forward pass.
+
+    Returns:
+        log-probs `[N, C]` and token entropies `[N, C]` (None when `with_entropy` is False); both are
+        only meaningful where `completion_mask` is True.
+    """
+    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature)
     logps = selective_log_softmax(logits, completion_ids)  # [N, C]
     return logps, token_entropy(logits) if with_entropy else None
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
+from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 
-from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.replay import SelectiveReplay
