@@ -491,11 +491,15 @@ class ExGRPOModule(LightningModule):
             "num_tokens": self.num_tokens,
             "generated_tokens": self.generated_tokens,
         }
+        # The sampling RNG, so that a resumed run generates what the uninterrupted run would have.
+        checkpoint["sampling_rng"] = torch.get_rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         counts = checkpoint.get("token_counts", {})
         self.num_tokens = counts.get("num_tokens", 0)
         self.generated_tokens = counts.get("generated_tokens", 0)
+        if "sampling_rng" in checkpoint:
+            torch.set_rng_state(checkpoint["sampling_rng"])
 
 
 def _columns(batch: dict) -> dict[str, list]:

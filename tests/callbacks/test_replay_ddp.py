@@ -1,4 +1,4 @@
-"""ReplayCallback under 2-process DDP on CPU (gloo): identical decisions on every rank, per-rank checkpoints."""
+"""ReplayCallback under 2-process DDP on CPU (gloo): same decisions on every rank, per-rank checkpoints."""
 
 import json
 

@@ -1,0 +1,143 @@
+"""TrajectoryBuffer at scale: add throughput, sample(size=256) latency per strategy, memory vs raw payload.
+
+Fills a buffer with N trajectories of 512 completion tokens (64-token prompts), K = 8 per question with
+Bernoulli rewards of a per-question success rate, then times `sample` for every strategy and measures the
+resident memory the buffer added against the raw payload (token ids as int32 + behaviour log-probs as
+float32). Targets: sample p50 <= 2 ms at 100K; memory <= 1.2x the raw payload. Writes
+benchmarks/results/buffer.png.
+
+    python benchmarks/buffer.py --quick        # 20K trajectories
+    python benchmarks/buffer.py                # 100K trajectories
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.buffer import STRATEGIES, TrajectoryBuffer
+from exgrpo_pl.difficulty import DifficultyBucketer
+
+RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
+PROMPT, COMPLETION, K, CHUNK = 64, 512, 8, 256
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def make_chunk(first_question: int, generator: torch.Generator) -> RolloutBatch:
+    """CHUNK trajectories: CHUNK / K questions, K rollouts each, rewards drawn at a per-question rate."""
+    n = CHUNK
+    questions = torch.arange(first_question, first_question + n // K).repeat_interleave(K)
+    rate = torch.rand(n // K, generator=generator).repeat_interleave(K)
+    rewards = (torch.rand(n, generator=generator) < rate).float()
+    lengths = torch.randint(COMPLETION // 2, COMPLETION + 1, (n,), generator=generator)
+    lengths[::4] = COMPLETION  # a quarter use the whole budget
+    completion_mask = torch.arange(COMPLETION).unsqueeze(0) < lengths.unsqueeze(1)
+    return RolloutBatch(
+        question_ids=questions,
+        prompt_ids=torch.randint(3, 30000, (n, PROMPT), generator=generator),
+        prompt_mask=torch.ones(n, PROMPT, dtype=torch.bool),
+        completion_ids=torch.randint(3, 30000, (n, COMPLETION), generator=generator) * completion_mask,
+        completion_mask=completion_mask,
+        behaviour_logps=-torch.rand(n, COMPLETION, generator=generator) * completion_mask,
+        rewards=rewards,
+        correct=rewards > 0.5,
+        entropy=torch.rand(n, generator=generator),
+        advantages=torch.zeros(n),
+        policy_version=torch.zeros(n, dtype=torch.long),
+        replayed=torch.zeros(n, dtype=torch.bool),
+        group_size=K,
+        prompts=["p"] * n,
+        completions=["c"] * n,
+        answers=["a"] * n,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="20K trajectories instead of 100K")
+    parser.add_argument("--samples", type=int, default=200, help="sample() calls per strategy")
+    args = parser.parse_args()
+    size = 20_000 if args.quick else 100_000
+    generator = torch.Generator().manual_seed(0)
+    chunks = [make_chunk(i * CHUNK // K, generator) for i in range(size // CHUNK)]
+    payload = sum(int(c.completion_mask.sum()) * 8 + int(c.prompt_mask.sum()) * 4 for c in chunks)
+
+    gc.collect()
+    before = rss_bytes()
+    # retire_solved off: questions with 8/8 correct would otherwise leave, and the buffer would hold fewer.
+    buffer = TrajectoryBuffer(max_size=size, bucketer=DifficultyBucketer(retire_solved=False))
+    started = time.perf_counter()
+    for chunk in chunks:
+        buffer.add(chunk)
+    add_seconds = time.perf_counter() - started
+    gc.collect()
+    used = rss_bytes() - before
+    del chunks
+
+    latencies = {}
+    sampler = torch.Generator().manual_seed(1)
+    for strategy in STRATEGIES:
+        times = []
+        for _ in range(args.samples):
+            started = time.perf_counter()
+            out = buffer.sample(strategy, size=256, generator=sampler)
+            times.append(time.perf_counter() - started)
+        latencies[strategy] = {
+            "p50_ms": 1000 * float(np.percentile(times, 50)),
+            "p99_ms": 1000 * float(np.percentile(times, 99)),
+            "rows": len(out),
+        }
+
+    print(
+        f"buffer of {len(buffer)} trajectories ({PROMPT}-token prompts, up to {COMPLETION}-token completions)"
+    )
+    print(f"add: {size / add_seconds:,.0f} trajectories/s ({CHUNK} per add call)")
+    print(f"memory: {used / 2**20:,.0f} MiB resident for {payload / 2**20:,.0f} MiB raw payload "
+          f"= {used / payload:.2f}x (target <= 1.2x)")  # fmt: skip
+    print(f"{'strategy':32s} {'p50 ms':>8s} {'p99 ms':>8s} {'rows':>6s}   (target p50 <= 2 ms at 100K)")
+    for strategy, figures in latencies.items():
+        print(f"{strategy:32s} {figures['p50_ms']:8.2f} {figures['p99_ms']:8.2f} {figures['rows']:6d}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = "_quick" if args.quick else ""
+    result = {"size": len(buffer), "add_per_s": size / add_seconds, "memory_ratio": used / payload,
+              "sample": latencies}  # fmt: skip
+    (RESULTS / f"buffer{suffix}.json").write_text(json.dumps(result, indent=1))
+    _plot(latencies, len(buffer), RESULTS / f"buffer{suffix}.png")
+
+
+def _plot(latencies: dict, size: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(latencies)
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.bar(x - 0.2, [latencies[n]["p50_ms"] for n in names], 0.4, label="p50")
+    ax.bar(x + 0.2, [latencies[n]["p99_ms"] for n in names], 0.4, label="p99")
+    ax.axhline(2.0, color="red", linestyle="--", linewidth=1, label="target p50")
+    ax.set_xticks(x, [n.replace("_", "\n", 1) for n in names], fontsize=8)
+    ax.set_ylabel("sample(size=256) ms")
+    ax.set_title(f"TrajectoryBuffer.sample at {size // 1000}K trajectories")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""GRPO vs ExGRPO (paper and seed presets, and the paper's ablations) on the embedded task, at equal budgets
+of generated tokens, several seeds each. Prints final and best val pass@1 (mean +- std) and writes learning
+curves (val pass@1 against generated tokens) to benchmarks/results/learning.png.
+
+    python benchmarks/learning.py --quick      # presets, 2 seeds, ~5 min on 2 CPU cores
+    python benchmarks/learning.py              # presets + ablations, 3 seeds
+
+Each run is `exgrpo fit` of a shipped config, stopped when its module has generated the token budget; the
+ablations change one knob of configs/exgrpo_paper.yaml. Not a timed test: a measurement to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from exgrpo_pl.callbacks import ReplayCallback
+from lightning.pytorch import Callback
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from exgrpo_pl.cli import ExGRPOCLI
+from exgrpo_pl.data import PromptDataModule
+from exgrpo_pl.module import ExGRPOModule
+
+ROOT = Path(__file__).parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _paper_ablation(replay: dict | None = None, callback: dict | None = None, module: dict | None = None):
+    """A variant of the paper preset: attributes of its SelectiveReplay, ReplayCallback or module changed."""
+
+    def apply(cli) -> None:
+        replay_callback = next(c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback))
+        for key, value in (replay or {}).items():
+            setattr(replay_callback.replay, key, value)
+        for key, value in (callback or {}).items():
+            setattr(replay_callback, key, value)
+        for key, value in (module or {}).items():
+            cli.model.hparams[key] = value
+
+    return apply
+
+
+# name -> (config, change applied to the built CLI objects)
+VARIANTS = {
+    "GRPO": ("grpo_baseline", None),
+    "ExGRPO paper": ("exgrpo_paper", None),
+    "ExGRPO seed": ("exgrpo_seed", None),
+    "no question selection": ("exgrpo_paper", _paper_ablation(replay={"question_sampling": "uniform"})),
+    "no trajectory selection": ("exgrpo_paper", _paper_ablation(replay={"trajectory_selection": "random"})),
+    "highest entropy": ("exgrpo_paper", _paper_ablation(replay={"trajectory_selection": "highest_entropy"})),
+    "no policy shaping": ("exgrpo_paper", _paper_ablation(module={"off_policy_correction": "none"})),
+    "rho 0.25": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.25})),
+    "rho 0.75": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.75})),
+}
+QUICK = ("GRPO", "ExGRPO paper", "ExGRPO seed")
+
+
+class TokenBudget(Callback):
+    """Stops training once the module has generated `budget` completion tokens."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if pl_module.generated_tokens >= self.budget:
+            trainer.should_stop = True
+
+
+def run(config: str, change, seed: int, budget: int, workdir: Path) -> list[tuple[float, float]]:
+    """One training run; returns (generated tokens, val pass@1) at every validation, starting at 0."""
+    args = [
+        "--config", str(ROOT / "configs" / f"{config}.yaml"), f"--seed_everything={seed}",
+        "--trainer.max_steps=-1", "--trainer.max_epochs=1000", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={workdir}",
+    ]  # fmt: skip
+    cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
+    if change is not None:
+        change(cli)
+    cli.trainer.callbacks.append(TokenBudget(budget))
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    events = EventAccumulator(cli.trainer.logger.log_dir)
+    events.Reload()
+    tokens = {e.step: e.value for e in events.Scalars("train/generated_tokens")}
+    curve = []
+    for event in events.Scalars("val/pass@1"):
+        known = [s for s in tokens if s <= event.step]
+        curve.append((tokens[max(known)] if known else 0.0, event.value))
+    return curve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="the three presets, 2 seeds")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per variant (default 2 quick, 3 full)")
+    parser.add_argument("--budget", type=int, default=120_000, help="generated tokens per run")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    names = QUICK if args.quick else tuple(VARIANTS)
+    seeds = range(args.seeds or (2 if args.quick else 3))
+    curves: dict[str, list] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            config, change = VARIANTS[name]
+            curves[name] = [
+                run(config, change, seed, args.budget, Path(tmp) / f"{config}-{seed}") for seed in seeds
+            ]
+
+    print(f"\nval pass@1 at a budget of {args.budget} generated tokens, {len(seeds)} seeds (mean +- std)")
+    print(f"{'variant':26s} {'start':>7s} {'final':>15s} {'best':>15s}")
+    summary = {}
+    for name, runs in curves.items():
+        start = statistics.mean(c[0][1] for c in runs)
+        final = [c[-1][1] for c in runs]
+        best = [max(v for _, v in c) for c in runs]
+        summary[name] = {"start": start, "final": final, "best": best, "curves": runs}
+        print(f"{name:26s} {start:7.3f} {_fmt(final):>15s} {_fmt(best):>15s}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = "_quick" if args.quick else ""
+    (RESULTS / f"learning{suffix}.json").write_text(json.dumps(summary, indent=1))
+    _plot(curves, RESULTS / f"learning{suffix}.png", args.budget)
+    print(f"wrote {RESULTS / f'learning{suffix}.png'}")
+
+
+def _fmt(values: list[float]) -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} +- {std:.3f}"
+
+
+def _plot(curves: dict, path: Path, budget: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, runs in curves.items():
+        points = min(len(c) for c in runs)
+        xs = [statistics.mean(c[i][0] for c in runs) / 1000 for i in range(points)]
+        ys = [statistics.mean(c[i][1] for c in runs) for i in range(points)]
+        style = "-" if name in QUICK else ":"  # presets solid, ablations dotted
+        ax.plot(xs, ys, marker="o", markersize=3, label=name, linestyle=style)
+    ax.set_xlabel("generated tokens (thousands)")
+    ax.set_ylabel("val pass@1 (mean over seeds)")
+    ax.set_title(f"embedded arithmetic task, budget {budget // 1000}K generated tokens")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

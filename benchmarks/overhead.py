@@ -1,0 +1,147 @@
+"""Replay bookkeeping as a share of step time: plain GRPO, ExGRPO mix and ExGRPO swap on the same config.
+
+Runs configs/grpo_baseline.yaml as is and with a ReplayCallback in mix mode (the paper's strategy, rescoring
+entropy under the current policy) and in swap mode, replay on from the first step, alternating the three
+variants in rounds so that machine noise hits them alike. Bookkeeping = buffer add + sampling + entropy
+rescoring (the callback times each); importance weights are computed inside the loss and are part of
+forward/backward. Reports each variant's time per step, the bookkeeping share (target <= 1%), and swap
+mode's saving from skipped generation. Writes benchmarks/results/overhead.png.
+
+    python benchmarks/overhead.py --quick      # 3 rounds of 40 steps
+    python benchmarks/overhead.py              # 5 rounds of 100 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from exgrpo_pl.callbacks import ReplayCallback
+from lightning.pytorch import Callback
+
+from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.cli import ExGRPOCLI
+from exgrpo_pl.data import PromptDataModule
+from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.replay import SelectiveReplay
+
+ROOT = Path(__file__).parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+BOOKKEEPING = ("timing/replay_add", "timing/replay_sample", "timing/replay_rescore")
+
+
+def replay_callback(mode: str) -> ReplayCallback:
+    if mode == "mix":
+        buffer = TrajectoryBuffer(keep="correct_of_partial", bucketer=DifficultyBucketer(window_size=8))
+        replay = SelectiveReplay("gaussian_lowest_entropy", replay_probability=1.0)
+    else:
+        buffer = TrajectoryBuffer()
+        replay = SelectiveReplay("entropy_guided", replay_probability=0.3)
+    return ReplayCallback(buffer=buffer, replay=replay, mode=mode, min_buffer_size=8)
+
+
+class StepClock(Callback):
+    """Wall time of whole steps (hooks included) and the callback's bookkeeping times, after warm-up."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.steps: list[float] = []
+        self.bookkeeping: list[float] = []
+        self.generation: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # Runs after ReplayCallback's hook (it is appended last), so the step includes the buffer add.
+        if batch_idx < self.warmup:
+            return
+        self.steps.append(time.perf_counter() - self._started)
+        metrics = trainer.callback_metrics
+        self.bookkeeping.append(sum(float(metrics.get(key, 0.0)) for key in BOOKKEEPING))
+        self.generation.append(float(metrics["timing/generation"]))
+
+
+def run(variant: str, steps: int, workdir: Path) -> StepClock:
+    args = [
+        "--config", str(ROOT / "configs" / "grpo_baseline.yaml"), f"--trainer.max_steps={steps}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false", "--trainer.logger=false",
+        "--trainer.limit_val_batches=0", "--model.validate_at_start=false", f"--trainer.default_root_dir={workdir}",
+    ]  # fmt: skip
+    cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
+    if variant != "GRPO":
+        cli.trainer.callbacks.append(replay_callback(variant.split()[-1]))
+    clock = StepClock(warmup=5)
+    cli.trainer.callbacks.append(clock)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return clock
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    rounds, steps = (3, 40) if args.quick else (5, 100)
+    variants = ("GRPO", "ExGRPO mix", "ExGRPO swap")
+    clocks: dict[str, list[StepClock]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for variant in variants:  # A, B, C, A, B, C, ...
+                clocks[variant].append(run(variant, steps, Path(tmp) / f"{variant}-{r}"))
+
+    result = {}
+    for variant, runs in clocks.items():
+        step = [statistics.mean(c.steps) for c in runs]
+        share = [sum(c.bookkeeping) / sum(c.steps) for c in runs]
+        generation = [statistics.mean(c.generation) for c in runs]
+        result[variant] = {"step_s": step, "bookkeeping_share": share, "generation_s": generation}
+    base = statistics.mean(result["GRPO"]["step_s"])
+    print(f"\n{rounds} rounds x {steps} steps per variant, configs/grpo_baseline.yaml (mean over rounds)")
+    print(f"{'variant':14s} {'s/step':>8s} {'vs GRPO':>8s} {'bookkeeping':>12s} {'generation s':>13s}")
+    for variant, r in result.items():
+        step = statistics.mean(r["step_s"])
+        print(
+            f"{variant:14s} {step:8.3f} {step / base:8.2f}x {100 * statistics.mean(r['bookkeeping_share']):11.2f}%"
+            f" {statistics.mean(r['generation_s']):13.3f}"
+        )
+    swap, grpo = result["ExGRPO swap"], result["GRPO"]
+    saving = 1 - statistics.mean(swap["generation_s"]) / statistics.mean(grpo["generation_s"])
+    print(
+        f"swap mode generates {100 * saving:.0f}% less per step on average (replayed steps generate nothing)"
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = "_quick" if args.quick else ""
+    (RESULTS / f"overhead{suffix}.json").write_text(json.dumps(result, indent=1))
+    _plot(result, RESULTS / f"overhead{suffix}.png")
+
+
+def _plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result)
+    steps = [statistics.mean(result[n]["step_s"]) for n in names]
+    book = [s * statistics.mean(result[n]["bookkeeping_share"]) for s, n in zip(steps, names)]
+    gen = [statistics.mean(result[n]["generation_s"]) for n in names]
+    rest = [s - b - g for s, b, g in zip(steps, book, gen)]
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    ax.barh(names, gen, label="generation")
+    ax.barh(names, rest, left=gen, label="forward/backward and the rest")
+    ax.barh(names, book, left=[g + r for g, r in zip(gen, rest)], label="replay bookkeeping")
+    ax.set_xlabel("seconds per step")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
