@@ -99,7 +99,7 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="the three presets, 2 seeds")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per variant (default 2 quick, 3 full)")
-    parser.add_argument("--budget", type=int, default=120_000, help="generated tokens per run")
+    parser.add_argument("--budget", type=int, default=300_000, help="generated tokens per run")
     args = parser.parse_args()
     torch.set_num_threads(2)
     names = QUICK if args.quick else tuple(VARIANTS)

@@ -70,8 +70,9 @@ class StepClock(Callback):
 def run(variant: str, steps: int, workdir: Path) -> StepClock:
     args = [
         "--config", str(ROOT / "configs" / "grpo_baseline.yaml"), f"--trainer.max_steps={steps}",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false", "--trainer.logger=false",
-        "--trainer.limit_val_batches=0", "--model.validate_at_start=false", f"--trainer.default_root_dir={workdir}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
+        "--trainer.logger=false", "--trainer.limit_val_batches=0", "--model.validate_at_start=false",
+        f"--trainer.default_root_dir={workdir}",
     ]  # fmt: skip
     cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
     if variant != "GRPO":
@@ -106,11 +107,9 @@ def main() -> None:
     print(f"\n{rounds} rounds x {steps} steps per variant, configs/grpo_baseline.yaml (mean over rounds)")
     print(f"{'variant':14s} {'s/step':>8s} {'vs GRPO':>8s} {'bookkeeping':>12s} {'generation s':>13s}")
     for variant, r in result.items():
-        step = statistics.mean(r["step_s"])
-        print(
-            f"{variant:14s} {step:8.3f} {step / base:8.2f}x {100 * statistics.mean(r['bookkeeping_share']):11.2f}%"
-            f" {statistics.mean(r['generation_s']):13.3f}"
-        )
+        step, share = statistics.mean(r["step_s"]), statistics.mean(r["bookkeeping_share"])
+        generation = statistics.mean(r["generation_s"])
+        print(f"{variant:14s} {step:8.3f} {step / base:8.2f}x {100 * share:11.2f}% {generation:13.3f}")
     swap, grpo = result["ExGRPO swap"], result["GRPO"]
     saving = 1 - statistics.mean(swap["generation_s"]) / statistics.mean(grpo["generation_s"])
     print(

@@ -164,12 +164,11 @@ class ReplayCallback(Callback):
 
     def _log(self, trainer: Trainer, pl_module: LightningModule, rollouts) -> None:
         replayed = rollouts.replayed
-        stats = self.buffer.stats(current_version=trainer.global_step)
         metrics = {
             "replay/active": float(self.replay_active(trainer)),
             "replay/fraction": replayed.float().mean().item(),
             "replay/buffer_size": float(len(self.buffer)),
-            "replay/retired": float(stats["retired"]),
+            "replay/retired": float(len(self.buffer.bucketer.retired)),
             "replay/fallback_steps": float(self.fallback_steps),
             "replay/replayed_steps": float(self.replayed_steps),
             **self._timings,
@@ -177,8 +176,10 @@ class ReplayCallback(Callback):
         if bool(replayed.any()):
             staleness = trainer.global_step - rollouts.policy_version[replayed].float()
             metrics["replay/staleness"] = staleness.mean().item()
-        for tier, count in enumerate(stats["tier_counts"].tolist()):
-            metrics[f"replay/tier_{tier}"] = float(count)
+        # Tier counts scan the whole buffer: only on the steps the trainer logs anyway.
+        if trainer.global_step % trainer.log_every_n_steps == 0:
+            for tier, count in enumerate(self.buffer.stats()["tier_counts"].tolist()):
+                metrics[f"replay/tier_{tier}"] = float(count)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollouts))
 
     # ---------------------------------------------------------------------------- checkpoints

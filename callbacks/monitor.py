@@ -1,0 +1,314 @@
+"""DifficultyMonitor: draws the replay buffer in TensorBoard (difficulty tiers, entropy, age, retirements).
+
+It reads the `TrajectoryBuffer` and `DifficultyBucketer` of the trainer's `ReplayCallback`; list it after
+that callback so each step's statistics include the step's own rollouts:
+
+    trainer = Trainer(
+        logger=TensorBoardLogger("logs"),
+        callbacks=[ReplayCallback(), DifficultyMonitor(log_every_n_steps=50)],
+    )
+
+Scalars go to every logger; histograms, the heatmap image and the completion table need a TensorBoardLogger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from exgrpo_pl.callbacks.replay import ReplayCallback
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.difficulty import tier_of
+
+_ENTROPY_BINS = 10  # rows of the difficulty x entropy heatmap
+_MAX_CELL_CHARS = 300  # completion-table cells are cut to this many characters
+
+
+class DifficultyMonitor(Callback):
+    """Logs what the replay buffer holds: how hard its questions are, how sure and how old its trajectories.
+
+    Every `log_every_n_steps` optimizer steps it logs, pooled over all ranks (every rank gathers, global
+    rank 0 writes, at step `trainer.global_step`):
+
+    - histograms `monitor/correctness_rate` (windowed correctness rate of every known question, retired ones
+      included), `monitor/entropy` (mean token entropy of each buffered trajectory at collection),
+      `monitor/staleness` (`global_step - policy_version` of each buffered trajectory) and, with more than one
+      domain, `monitor/correctness_rate/<domain>` (the domain's non-retired questions);
+    - scalars `monitor/tier_{i}` (known questions per difficulty tier), `monitor/entropy_band_{i}` (buffered
+      trajectories per band between the buffer's `entropy_percentiles` of the pooled entropies, a band
+      including its upper edge), `monitor/retired` (distinct retired questions), `monitor/buffer_size` and
+      `monitor/replay_fraction` (share of the latest step's rows that came from the buffer).
+
+    At the end of each training epoch it logs `monitor/difficulty_entropy_heatmap`, an image of the buffered
+    trajectories counted by their question's tier (x) and their entropy (y). Every
+    `completion_table_every_n_steps` steps it logs `monitor/completions`, a Markdown table of
+    `completion_samples` random rows of global rank 0's latest rollouts.
+
+    Scalars go to every logger; histograms, images and text only to TensorBoard loggers (with none, it warns
+    once). Without a `ReplayCallback` (which holds the buffer and the bucketer) it warns once and logs only
+    the completion table. Steps that log nothing cost a modulo and a reference; statistics are computed
+    only on logging steps. Under DDP a question seen on several ranks counts once in the tiers (its rates
+    averaged), but may count once per rank in the per-domain histograms.
+
+    Args:
+        log_every_n_steps: optimizer steps between two rounds of buffer statistics, >= 1.
+        num_tiers: number of equal-width correctness-rate tiers for `monitor/tier_{i}` and the heatmap, >= 1.
+        completion_table_every_n_steps: optimizer steps between two completion tables; 0 disables them.
+        completion_samples: rows per completion table, >= 1.
+    """
+
+    def __init__(
+        self,
+        log_every_n_steps: int = 50,
+        num_tiers: int = 5,
+        completion_table_every_n_steps: int = 100,
+        completion_samples: int = 8,
+    ) -> None:
+        if log_every_n_steps < 1:
+            raise ValueError(f"DifficultyMonitor log_every_n_steps={log_every_n_steps}: must be >= 1")
+        if num_tiers < 1:
+            raise ValueError(f"DifficultyMonitor num_tiers={num_tiers}: must be >= 1")
+        if completion_table_every_n_steps < 0:
+            raise ValueError(
+                f"DifficultyMonitor completion_table_every_n_steps={completion_table_every_n_steps}: "
+                "must be >= 0"
+            )
+        if completion_samples < 1:
+            raise ValueError(f"DifficultyMonitor completion_samples={completion_samples}: must be >= 1")
+        self.log_every_n_steps = log_every_n_steps
+        self.num_tiers = num_tiers
+        self.completion_table_every_n_steps = completion_table_every_n_steps
+        self.completion_samples = completion_samples
+        self._replay: ReplayCallback | None = None
+        self._latest: RolloutBatch | None = None
+        self._last_stats_step = -1
+        self._last_table_step = -1
+        self._warned: set[str] = set()
+        self._rng = np.random.default_rng(0)  # private: sampling table rows must not move training's RNG
+
+    # ---------------------------------------------------------------------------------------- hooks
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        replays = [c for c in trainer.callbacks if isinstance(c, ReplayCallback)]
+        self._replay = replays[0] if replays else None
+        if stage != "fit":
+            return
+        if self._replay is None:
+            self._warn_once(
+                "no_replay",
+                "DifficultyMonitor: no ReplayCallback among the trainer's callbacks; the buffer and the "
+                "bucketer live there, so only the completion table is logged",
+            )
+        if trainer.loggers and not _tensorboard_writers(trainer):
+            self._warn_once(
+                "no_tensorboard",
+                "DifficultyMonitor: histograms, images and text need a TensorBoardLogger; with the loggers "
+                f"given ({', '.join(type(lg).__name__ for lg in trainer.loggers)}) only scalars are logged",
+            )
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if isinstance(outputs, Mapping) and isinstance(outputs.get("rollouts"), RolloutBatch):
+            self._latest = outputs["rollouts"]
+        if not trainer.loggers:
+            return
+        # global_step is the same on every rank, so every rank enters the collective below together; the
+        # last-step guards keep gradient-accumulation micro-batches from logging one step twice.
+        step = trainer.global_step
+        if self._replay is not None and step % self.log_every_n_steps == 0 and step != self._last_stats_step:
+            self._last_stats_step = step
+            self._log_statistics(trainer, step)
+        every = self.completion_table_every_n_steps
+        if every and step % every == 0 and step != self._last_table_step:
+            self._last_table_step = step
+            if trainer.is_global_zero and self._latest is not None:
+                self._log_completions(trainer, self._latest, step)
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._replay is None or not _tensorboard_writers(trainer):
+            return
+        buffer = self._replay.buffer
+        parts = _gather((buffer.rates().numpy(), buffer.entropies().numpy()))
+        if not trainer.is_global_zero:
+            return
+        rates = np.concatenate([p[0] for p in parts]).astype(np.float64)
+        entropy = np.concatenate([p[1] for p in parts]).astype(np.float64)
+        known = ~np.isnan(rates)  # trajectories of questions the bucketer no longer knows have no tier
+        if not known.any():
+            return
+        image = self._heatmap(rates[known], entropy[known])
+        if image is None:
+            return
+        for writer in _tensorboard_writers(trainer):
+            writer.add_image(
+                "monitor/difficulty_entropy_heatmap", image, trainer.global_step, dataformats="HWC"
+            )
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._latest = None  # do not keep the last batch's tensors alive after fit
+
+    # -------------------------------------------------------------------------------- statistics
+    def _log_statistics(self, trainer: Trainer, step: int) -> None:
+        """Gather the buffer and bucketer statistics of every rank (collective), write them on rank 0."""
+        assert self._replay is not None
+        buffer = self._replay.buffer
+        bucketer = buffer.bucketer
+        ids = bucketer.known_questions()
+        latest = self._latest
+        local = {
+            "question_ids": ids.numpy(),
+            "rates": bucketer.rates(ids).numpy(),
+            "by_domain": {name: r.numpy() for name, r in bucketer.rates_by_domain().items()},
+            "retired": sorted(bucketer.retired),
+            "entropy": buffer.entropies().numpy(),
+            "staleness": buffer.staleness(step).numpy(),
+            "replayed": 0 if latest is None else int(latest.replayed.sum()),
+            "rows": 0 if latest is None else len(latest),
+        }
+        parts = _gather(local)
+        if not trainer.is_global_zero:
+            return
+        rates = _pooled_question_rates(parts)
+        entropy = np.concatenate([p["entropy"] for p in parts]).astype(np.float64)
+        staleness = np.concatenate([p["staleness"] for p in parts]).astype(np.float64)
+        rows = sum(p["rows"] for p in parts)
+
+        tiers = tier_of(torch.from_numpy(rates), self.num_tiers)
+        tier_counts = torch.bincount(tiers, minlength=self.num_tiers).tolist()
+        scalars = {f"monitor/tier_{i}": float(c) for i, c in enumerate(tier_counts)}
+        percentiles = buffer.entropy_percentiles
+        bands = np.zeros(len(percentiles) + 1, dtype=np.int64)
+        if entropy.size:
+            edges = np.percentile(entropy, percentiles)
+            bands = np.bincount(np.searchsorted(edges, entropy, side="left"), minlength=len(bands))
+        scalars.update({f"monitor/entropy_band_{i}": float(c) for i, c in enumerate(bands.tolist())})
+        scalars["monitor/retired"] = float(len({q for p in parts for q in p["retired"]}))
+        scalars["monitor/buffer_size"] = float(entropy.size)
+        if rows:
+            scalars["monitor/replay_fraction"] = sum(p["replayed"] for p in parts) / rows
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+
+        by_domain: dict[str, list[np.ndarray]] = {}
+        for p in parts:
+            for name, values in p["by_domain"].items():
+                by_domain.setdefault(name, []).append(values)
+        for writer in _tensorboard_writers(trainer):
+            _histogram(writer, "monitor/correctness_rate", rates, step)
+            _histogram(writer, "monitor/entropy", entropy, step)
+            _histogram(writer, "monitor/staleness", staleness, step)
+            if len(by_domain) > 1:
+                for name, values in sorted(by_domain.items()):
+                    _histogram(writer, f"monitor/correctness_rate/{name}", np.concatenate(values), step)
+
+    def _heatmap(self, rates: np.ndarray, entropy: np.ndarray) -> np.ndarray | None:
+        """`[H, W, 3]` uint8 picture of trajectory counts per (tier, entropy bin); None without matplotlib."""
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+        except ImportError:
+            self._warn_once(
+                "no_matplotlib", "DifficultyMonitor: the heatmap needs matplotlib (pip install it)"
+            )
+            return None
+        tiers = tier_of(torch.from_numpy(rates), self.num_tiers).numpy()
+        low, high = float(entropy.min()), float(entropy.max())
+        if high <= low:  # one value: give the single bin some height
+            low, high = low - 0.5, high + 0.5
+        edges = np.linspace(low, high, _ENTROPY_BINS + 1)
+        bins = np.clip(np.searchsorted(edges, entropy, side="right") - 1, 0, _ENTROPY_BINS - 1)
+        counts = np.zeros((_ENTROPY_BINS, self.num_tiers), dtype=np.int64)  # [entropy bin, tier]
+        np.add.at(counts, (bins, tiers), 1)
+
+        # A bare Figure with an Agg canvas: no pyplot state, no backend switch, safe off the main thread.
+        figure = Figure(figsize=(6, 4.5), dpi=100)
+        canvas = FigureCanvasAgg(figure)
+        axes = figure.add_subplot()
+        shown = axes.imshow(counts, origin="lower", aspect="auto", cmap="viridis", extent=(0, 1, low, high))
+        figure.colorbar(shown, ax=axes, label="stored trajectories")
+        axes.set_xticks(np.linspace(0, 1, self.num_tiers + 1))
+        axes.set_xlabel(f"question correctness rate ({self.num_tiers} tiers)")
+        axes.set_ylabel("trajectory mean token entropy")
+        axes.set_title(f"replay buffer: difficulty x entropy ({int(counts.sum())} trajectories)")
+        figure.tight_layout()
+        canvas.draw()
+        return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+    # ----------------------------------------------------------------------------------- completions
+    def _log_completions(self, trainer: Trainer, rollouts: RolloutBatch, step: int) -> None:
+        writers = _tensorboard_writers(trainer)
+        if not writers or len(rollouts) == 0:
+            return
+        n = len(rollouts)
+        rows = np.sort(self._rng.choice(n, size=min(self.completion_samples, n), replace=False))
+        rewards = rollouts.rewards.detach().float().cpu().tolist()
+        replayed = rollouts.replayed.detach().cpu().tolist()
+        lines = ["| prompt | completion | reward | replayed |", "|---|---|---|---|"]
+        for r in rows.tolist():
+            prompt = rollouts.prompts[r] if rollouts.prompts else ""
+            completion = rollouts.completions[r] if rollouts.completions else ""
+            lines.append(
+                f"| {_cell(prompt)} | {_cell(completion)} | {rewards[r]:.3f} | {bool(replayed[r])} |"
+            )
+        table = "\n".join(lines)
+        for writer in writers:
+            writer.add_text("monitor/completions", table, step)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_warn(message)
+
+
+def _tensorboard_writers(trainer: Trainer) -> list[Any]:
+    """The SummaryWriters of the trainer's TensorBoard loggers; touch only on global rank 0."""
+    loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+    if not trainer.is_global_zero:
+        return [None] * len(loggers)  # same truthiness on every rank, no experiment created off rank 0
+    return [lg.experiment for lg in loggers]
+
+
+def _gather(obj: Any) -> list[Any]:
+    """`obj` of every rank, in rank order. A collective under torch.distributed: all ranks must call it."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, obj)
+        return parts
+    return [obj]
+
+
+def _pooled_question_rates(parts: list[dict]) -> np.ndarray:
+    """One rate per known question over all ranks; a question known to several ranks gets their mean."""
+    ids = np.concatenate([p["question_ids"] for p in parts]).astype(np.int64)
+    rates = np.concatenate([p["rates"] for p in parts]).astype(np.float64)
+    keep = ~np.isnan(rates)
+    ids, rates = ids[keep], rates[keep]
+    if len(parts) == 1:
+        return rates
+    unique, inverse = np.unique(ids, return_inverse=True)
+    return np.bincount(inverse, weights=rates, minlength=len(unique)) / np.bincount(inverse)
+
+
+def _histogram(writer: Any, tag: str, values: np.ndarray, step: int) -> None:
+    if values.size:  # TensorBoard rejects empty histograms
+        writer.add_histogram(tag, values, step)
+
+
+def _cell(text: str) -> str:
+    """`text` fit for one Markdown table cell: pipes escaped, newlines shown as ↵, long text cut."""
+    text = str(text)
+    if len(text) > _MAX_CELL_CHARS:
+        text = text[:_MAX_CELL_CHARS] + "…"
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", " ↵ ")

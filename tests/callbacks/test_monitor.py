@@ -1,0 +1,171 @@
+"""DifficultyMonitor in real Trainer runs on a tiny model: TensorBoard output, CSV fallback, DDP."""
+
+import csv
+import json
+
+import pytest
+from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.rewards import FormatReward
+
+HISTOGRAMS = {"monitor/correctness_rate", "monitor/entropy", "monitor/staleness"}
+NO_TENSORBOARD = "histograms, images and text need a TensorBoardLogger"
+
+
+def callbacks():
+    replay = SelectiveReplay(strategy="uniform", replay_probability=1.0)
+    return [
+        ReplayCallback(replay=replay, min_buffer_size=1),
+        DifficultyMonitor(log_every_n_steps=1, completion_table_every_n_steps=1),
+    ]
+
+
+def module(model_dir, num_generations=4):
+    # A random policy never solves arithmetic; a format reward varies across samples, so groups carry signal.
+    return ExGRPOModule(
+        model_name_or_path=model_dir,
+        num_generations=num_generations,
+        max_completion_length=4,
+        learning_rate=1e-3,
+        reward_funcs=[FormatReward(r"[0-9].*")],
+    )
+
+
+def fit(tmp_path, model_dir, logger, extra=(), num_generations=4, **trainer_kwargs):
+    seed_everything(0)
+    trainer = Trainer(
+        max_epochs=2,
+        limit_train_batches=2,
+        accelerator="cpu",
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        callbacks=[*callbacks(), *extra],
+        default_root_dir=tmp_path,
+        **trainer_kwargs,
+    )
+    data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
+    trainer.fit(module(model_dir, num_generations), data)
+    return trainer
+
+
+def read_events(path):
+    sizes = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
+    events = EventAccumulator(str(path), size_guidance=sizes)
+    events.Reload()
+    return events
+
+
+def test_tensorboard_gets_histograms_heatmap_completions_and_tier_counts(tmp_path, tiny_model_dir):
+    trainer = fit(tmp_path, tiny_model_dir, TensorBoardLogger(tmp_path, name="tb"))
+    events = read_events(trainer.logger.log_dir)
+    tags = events.Tags()
+    assert HISTOGRAMS <= set(tags["histograms"])
+    # ArithmeticTask's question families are domains, so each gets its own correctness histogram.
+    assert any(t.startswith("monitor/correctness_rate/") for t in tags["histograms"])
+    assert "monitor/difficulty_entropy_heatmap" in tags["images"]
+    assert len(events.Images("monitor/difficulty_entropy_heatmap")) == 2  # one per epoch
+    assert any(t.startswith("monitor/completions") for t in tags["tensors"])  # add_text stores a tensor
+    scalars = set(tags["scalars"])
+    assert {f"monitor/tier_{i}" for i in range(5)} <= scalars
+    assert {f"monitor/entropy_band_{i}" for i in range(4)} <= scalars  # percentiles (25, 50, 75): 4 bands
+    assert {"monitor/retired", "monitor/buffer_size", "monitor/replay_fraction"} <= scalars
+
+    replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
+    last = lambda tag: events.Scalars(tag)[-1]  # noqa: E731
+    assert last("monitor/buffer_size").value == len(replay.buffer) > 0
+    assert last("monitor/buffer_size").step == trainer.global_step == 4
+    tiers = sum(last(f"monitor/tier_{i}").value for i in range(5))
+    assert tiers == len(replay.buffer.bucketer.known_questions())
+    assert sum(last(f"monitor/entropy_band_{i}").value for i in range(4)) == len(replay.buffer)
+    assert last("monitor/replay_fraction").value == 1.0  # swap mode, replay_probability 1
+    (text,) = {t for t in tags["tensors"] if t.startswith("monitor/completions")}
+    table = events.Tensors(text)[-1].tensor_proto.string_val[0].decode()
+    assert table.startswith("| prompt | completion | reward | replayed |")
+    assert 1 <= len(table.splitlines()) - 2 <= 8  # up to completion_samples rows of the latest step
+
+
+def test_csv_logger_gets_the_scalars_and_one_warning(tmp_path, tiny_model_dir, recwarn):
+    trainer = fit(tmp_path, tiny_model_dir, CSVLogger(tmp_path, name="csv"))
+    assert sum(NO_TENSORBOARD in str(w.message) for w in recwarn) == 1
+    with open(f"{trainer.logger.log_dir}/metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("monitor/buffer_size")]
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
+    assert {f"monitor/tier_{i}" for i in range(5)} <= set(rows[-1])
+    replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
+    assert float(rows[-1]["monitor/buffer_size"]) == len(replay.buffer)
+
+
+def test_without_replay_callback_it_warns_once_and_logs_only_completions(tmp_path, tiny_model_dir, recwarn):
+    seed_everything(0)
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    trainer = Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        callbacks=[DifficultyMonitor(log_every_n_steps=1, completion_table_every_n_steps=1)],
+    )
+    data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
+    trainer.fit(module(tiny_model_dir), data)
+    assert sum("no ReplayCallback" in str(w.message) for w in recwarn) == 1
+    tags = read_events(logger.log_dir).Tags()
+    assert not tags["histograms"] and not tags["images"]
+    assert any(t.startswith("monitor/completions") for t in tags["tensors"])
+    assert not any(t.startswith("monitor/") for t in tags["scalars"])
+
+
+class RecordBufferSize(Callback):
+    def __init__(self, out_dir):
+        self.out_dir = out_dir
+
+    def on_train_end(self, trainer, pl_module):
+        replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
+        record = {"buffer": len(replay.buffer), "log_dir": trainer.logger.log_dir}
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+@pytest.mark.multiprocess
+def test_ddp_pools_all_ranks_and_only_rank_zero_writes(tmp_path, tiny_model_dir):
+    fit(
+        tmp_path,
+        tiny_model_dir,
+        TensorBoardLogger(tmp_path, name="tb"),
+        extra=[RecordBufferSize(tmp_path)],
+        num_generations=2,
+        strategy="ddp_fork",
+        devices=2,
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    event_files = sorted(tmp_path.rglob("events.out.tfevents.*"))
+    with_histograms = [f for f in event_files if HISTOGRAMS <= set(read_events(f).Tags()["histograms"])]
+    assert len(with_histograms) == 1
+    events = read_events(with_histograms[0])
+    assert events.Scalars("monitor/buffer_size")[-1].value == sum(r["buffer"] for r in ranks)
+    assert ranks[0]["buffer"] > 0 and ranks[1]["buffer"] > 0
+    assert "monitor/difficulty_entropy_heatmap" in events.Tags()["images"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"log_every_n_steps": 0}, "log_every_n_steps=0"),
+        ({"num_tiers": 0}, "num_tiers=0"),
+        ({"completion_table_every_n_steps": -1}, "completion_table_every_n_steps=-1"),
+        ({"completion_samples": 0}, "completion_samples=0"),
+    ],
+)
+def test_bad_settings_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DifficultyMonitor(**kwargs)
