@@ -1,12 +1,13 @@
 """Reward functions (verifiers) and the TRL-compatible protocol they follow. Core package: no Lightning."""
 
 from exgrpo_pl.rewards.arithmetic import ArithmeticReward
-from exgrpo_pl.rewards.base import RewardFunction, compute_rewards, reward_name
+from exgrpo_pl.rewards.base import AnswerReward, RewardFunction, compute_rewards, reward_name
 from exgrpo_pl.rewards.exact_match import ExactMatchReward
 from exgrpo_pl.rewards.format import FormatReward
 from exgrpo_pl.rewards.math_verify import MathVerifyReward, extract_boxed
 
 __all__ = [
+    "AnswerReward",
     "ArithmeticReward",
     "ExactMatchReward",
     "FormatReward",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from exgrpo_pl.rewards.base import AnswerReward
+
 # ASCII digits only: \d would also accept other scripts' digits, which the task never produces.
 _LEADING_INTEGER = re.compile(r"\s*(-?)([0-9]+)")
 _INTEGER = re.compile(r"\s*(-?)([0-9]+)\s*")
@@ -20,36 +22,22 @@ def _canonical(sign: str, digits: str) -> str:
     return digits if digits == "0" else sign + digits
 
 
-class ArithmeticReward:
-    """1.0 when the completion's leading integer equals the `answer` column, else 0.0.
+class ArithmeticReward(AnswerReward):
+    """1.0 when the completion's leading integer equals the `answer` column (a string or an int), else 0.0.
 
     Args:
         name: the name its scores are logged under.
+
+    Raises:
+        ValueError: when called with an answer that is not an integer, naming its row.
     """
 
     def __init__(self, name: str = "arithmetic") -> None:
         self.name = name
 
-    def __call__(
-        self, prompts: list[str], completions: list[str], answer: list[Any], **columns: Any
-    ) -> list[float | None]:
-        """Scores each completion against its answer.
-
-        Args:
-            prompts: the prompts (unused).
-            completions: the model's completions.
-            answer: the reference integers, as strings or ints.
-            **columns: other dataset columns (unused).
-
-        Raises:
-            ValueError: if an answer is not an integer, naming its row.
-        """
-        scores: list[float | None] = []
-        for row, (completion, reference) in enumerate(zip(completions, answer, strict=True)):
-            expected = _INTEGER.fullmatch(str(reference))
-            if expected is None:
-                raise ValueError(f"{self.name}: answer {reference!r} of row {row} is not an integer")
-            got = _LEADING_INTEGER.match(completion)
-            correct = got is not None and _canonical(*got.groups()) == _canonical(*expected.groups())
-            scores.append(1.0 if correct else 0.0)
-        return scores
+    def score(self, completion: str, answer: Any, row: int) -> float:
+        expected = _INTEGER.fullmatch(str(answer))
+        if expected is None:
+            raise ValueError(f"{self.name}: answer {answer!r} of row {row} is not an integer")
+        got = _LEADING_INTEGER.match(completion)
+        return 1.0 if got is not None and _canonical(*got.groups()) == _canonical(*expected.groups()) else 0.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,6 +26,29 @@ class RewardFunction(Protocol):
     """
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]: ...
+
+
+class AnswerReward(ABC):
+    """Base of the verifiers that score each completion against its row's `answer` column, row by row."""
+
+    name: str
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], answer: list[Any], **columns: Any
+    ) -> list[float]:
+        """Scores each completion against its answer.
+
+        Args:
+            prompts: the prompts (unused).
+            completions: the model's completions.
+            answer: the reference answers, one per row.
+            **columns: other dataset columns (unused).
+        """
+        return [self.score(c, a, row) for row, (c, a) in enumerate(zip(completions, answer, strict=True))]
+
+    @abstractmethod
+    def score(self, completion: str, answer: Any, row: int) -> float:
+        """1.0 for a correct completion, else 0.0; `row` is for error messages."""
 
 
 def reward_name(fn: Callable[..., Any]) -> str:

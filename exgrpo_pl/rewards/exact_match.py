@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from exgrpo_pl.rewards.base import AnswerReward
+
 
 def _normalize(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-class ExactMatchReward:
-    """1.0 when the completion equals the `answer` column, else 0.0.
+class ExactMatchReward(AnswerReward):
+    """1.0 when the completion equals the `answer` column (non-strings compared as their `str`), else 0.0.
 
     Args:
         normalize: compare stripped, casefolded text with whitespace runs collapsed to one space; if False,
@@ -22,21 +24,8 @@ class ExactMatchReward:
         self.normalize = normalize
         self.name = name
 
-    def __call__(
-        self, prompts: list[str], completions: list[str], answer: list[Any], **columns: Any
-    ) -> list[float | None]:
-        """Scores each completion against its answer.
-
-        Args:
-            prompts: the prompts (unused).
-            completions: the model's completions.
-            answer: the reference answers (non-strings are compared as their `str`).
-            **columns: other dataset columns (unused).
-        """
-        scores: list[float | None] = []
-        for completion, reference in zip(completions, answer, strict=True):
-            got, expected = completion, str(reference)
-            if self.normalize:
-                got, expected = _normalize(got), _normalize(expected)
-            scores.append(1.0 if got == expected else 0.0)
-        return scores
+    def score(self, completion: str, answer: Any, row: int) -> float:
+        got, expected = completion, str(answer)
+        if self.normalize:
+            got, expected = _normalize(got), _normalize(expected)
+        return 1.0 if got == expected else 0.0

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from exgrpo_pl.rewards.base import AnswerReward
+
 _BOXED_OPEN = re.compile(r"\\boxed\s*\{")
 
 
@@ -90,7 +92,7 @@ def _time_limit(seconds: float) -> Iterator[None]:
                 signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-6))
 
 
-class MathVerifyReward:
+class MathVerifyReward(AnswerReward):
     """1.0 when the completion's final answer is mathematically equal to the `answer` column, else 0.0.
 
     The prediction is the last `\\boxed{...}` of the completion, or the whole completion when it has none;
@@ -120,20 +122,8 @@ class MathVerifyReward:
         self.name = name
         self._warned_no_limit = False
 
-    def __call__(
-        self, prompts: list[str], completions: list[str], answer: list[Any], **columns: Any
-    ) -> list[float | None]:
-        """Scores each completion against its answer.
-
-        Args:
-            prompts: the prompts (unused).
-            completions: the model's completions.
-            answer: the reference answers (LaTeX or plain; non-strings are used as their `str`).
-            **columns: other dataset columns (unused).
-        """
-        return [self._score(c, str(a)) for c, a in zip(completions, answer, strict=True)]
-
-    def _score(self, completion: str, reference: str) -> float:
+    def score(self, completion: str, answer: Any, row: int) -> float:
+        reference = str(answer)
         predicted = extract_boxed(completion)
         prediction = completion if predicted is None else f"\\boxed{{{predicted}}}"
         gold = extract_boxed(reference)

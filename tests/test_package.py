@@ -1,0 +1,26 @@
+"""The package's top level: the seed's objects import from it, and the core pulls in no Lightning."""
+
+import subprocess
+import sys
+
+
+def test_seed_api_imports_from_the_top_level_without_lightning():
+    code = (
+        "import sys; from exgrpo_pl import TrajectoryBuffer, DifficultyBucketer, SelectiveReplay, "
+        "compute_entropy, compute_importance_weights, compute_grpo_loss; "
+        "assert not any(m.split('.')[0] == 'lightning' for m in sys.modules), 'core imported lightning'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_seed_defaults_are_the_public_defaults():
+    from exgrpo_pl import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
+
+    buffer = TrajectoryBuffer()
+    assert (buffer.max_size, buffer.difficulty_tiers, buffer.entropy_percentiles) == (100_000, 5, (25, 50, 75))
+    bucketer = DifficultyBucketer()
+    assert (bucketer.metric, bucketer.window_size) == ("correctness_rate", 100)
+    replay = SelectiveReplay()
+    assert (replay.strategy, replay.replay_probability, replay.medium_difficulty_range) == (
+        "entropy_guided", 0.3, (0.3, 0.7)
+    )
