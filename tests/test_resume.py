@@ -1,4 +1,4 @@
-"""Resume equivalence: 2 epochs straight == 1 epoch, a checkpoint, and 1 more epoch (model, buffer, counters)."""
+"""Resume equivalence: 2 epochs straight == 1 epoch, checkpoint, 1 more epoch (model, buffer, counters)."""
 
 import torch
 from exgrpo_pl.callbacks import ReplayCallback
