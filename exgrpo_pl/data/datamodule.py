@@ -231,6 +231,10 @@ class PromptDataModule(L.LightningDataModule):
             num_workers=self.hparams.num_workers,
         )
 
+    def test_dataloader(self) -> DataLoader | list:
+        """The held-out split again: `exgrpo test` reports pass@1 on it (there is no separate test file)."""
+        return self.val_dataloader()
+
     def state_dict(self) -> dict[str, Any]:
         """The retired question ids, as a sorted list of ints."""
         return {"excluded_question_ids": sorted(self._excluded)}
