@@ -11,8 +11,8 @@ def tiny_args(tiny_model_dir, tmp_path):
         f"--model.model_name_or_path={tiny_model_dir}", "--model.num_generations=2",
         "--model.max_completion_length=3", "--data.synthetic=exgrpo_pl.data.ArithmeticTask",
         "--data.synthetic.num_questions=40", "--data.batch_size=4", "--trainer.accelerator=cpu",
-        "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1", "--trainer.enable_progress_bar=false",
-        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1",
+        "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}",
     ]  # fmt: skip
 
 
