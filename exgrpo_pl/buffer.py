@@ -113,6 +113,9 @@ class TrajectoryBuffer:
         keep: which fresh trajectories are stored. "all" (the seed): every one; "correct": the correct ones;
             "correct_of_partial" (the paper): the correct ones of questions whose latest group had
             0 < correct < total.
+        max_per_question: keep at most this many trajectories of one question, evicting that question's
+            oldest first; None (the paper) keeps all. A cap bounds the paper's entropy rescoring, which scores
+            every stored trajectory of each sampled question, and drops the stalest trajectories first.
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class TrajectoryBuffer:
         entropy_percentiles: Sequence[float] = (25, 50, 75),
         bucketer: DifficultyBucketer | None = None,
         keep: str = "all",
+        max_per_question: int | None = None,
     ) -> None:
         if max_size < 1:
             raise ValueError(f"max_size must be >= 1, got {max_size}")
@@ -134,12 +138,15 @@ class TrajectoryBuffer:
             raise ValueError(
                 f"entropy_percentiles must be increasing values in [0, 100], got {entropy_percentiles}"
             )
+        if max_per_question is not None and max_per_question < 1:
+            raise ValueError(f"max_per_question must be >= 1 or None, got {max_per_question}")
         if keep not in KEEP_MODES:
             raise ValueError(f"keep must be one of {list(KEEP_MODES)}, got {keep!r}")
         self.max_size = int(max_size)
         self.difficulty_tiers = int(difficulty_tiers)
         self.entropy_percentiles = tuple(percentiles)
         self.keep = keep
+        self.max_per_question = max_per_question
         self._bucketer = bucketer if bucketer is not None else DifficultyBucketer()
         self.clear()
 
@@ -250,7 +257,21 @@ class TrajectoryBuffer:
         rows = np.flatnonzero(keep)[-self.max_size :]
         if len(rows):
             self._store(batch, rows, qidx[rows])
+            self._cap_per_question(qidx[rows])
         return len(rows)
+
+    def _cap_per_question(self, qidx: np.ndarray) -> None:
+        """Evict, for the questions in `qidx`, every trajectory beyond the newest `max_per_question`."""
+        if self.max_per_question is None:
+            return
+        occupied = self._occupied()
+        slots = occupied[np.isin(self._cols["qidx"][occupied], np.unique(qidx))]
+        # Grouped by question, newest first inside each group.
+        order = np.lexsort((-self._cols["seq"][slots], self._cols["qidx"][slots]))
+        slots, questions = slots[order], self._cols["qidx"][slots[order]]
+        starts = np.flatnonzero(np.diff(questions, prepend=-2))
+        rank = np.arange(len(slots)) - np.repeat(starts, np.diff(np.append(starts, len(slots))))
+        self._release(slots[rank >= self.max_per_question])
 
     def _store(self, batch: RolloutBatch, rows: np.ndarray, qidx: np.ndarray) -> None:
         slots = self._allocate(len(rows))

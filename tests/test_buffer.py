@@ -181,6 +181,21 @@ def test_eviction_is_oldest_first():
     assert sorted(buffer.policy_snapshot["question_ids"].tolist()) == [13, 20, 21]
 
 
+def test_per_question_cap_evicts_that_questions_oldest_first():
+    buffer = no_retire(max_per_question=2)
+    for version in range(4):  # question 1 three times, question 2 once per round
+        buffer.add(make_batch([1, 1, 1, 2], [0.0, 1.0, 0.0, 1.0], policy_version=version))
+    snapshot = buffer.policy_snapshot
+    per_question = {
+        q: sorted(v for qq, v in zip(snapshot["question_ids"].tolist(), snapshot["policy_version"].tolist())
+                  if qq == q)
+        for q in (1, 2)
+    }  # fmt: skip
+    assert per_question == {1: [3, 3], 2: [2, 3]}
+    with pytest.raises(ValueError, match="max_per_question"):
+        TrajectoryBuffer(max_per_question=0)
+
+
 @pytest.mark.parametrize(
     ("keep", "expected"),
     [
