@@ -112,3 +112,15 @@ def tiny_llama_config(vocab_size: int, hidden_size: int = 128, num_layers: int =
         eos_token_id=2,
         tie_word_embeddings=True,
     )
+
+
+def lora_config(options: dict):
+    """A `peft.LoraConfig` for a causal LM from keyword options; bad keys fail here, before training."""
+    try:
+        from peft import LoraConfig
+    except ImportError as err:
+        raise ImportError("lora needs the peft package: pip install 'exgrpo-pl[peft]'") from err
+    try:
+        return LoraConfig(task_type="CAUSAL_LM", **options)
+    except TypeError as err:
+        raise ValueError(f"lora={options!r}: not valid peft.LoraConfig options ({err})") from err

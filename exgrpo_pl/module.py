@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from copy import deepcopy
 
 import torch
@@ -32,7 +33,7 @@ from exgrpo_pl.losses import (
     group_advantages,
     masked_mean,
 )
-from exgrpo_pl.models import DTYPES, load_policy, load_tokenizer
+from exgrpo_pl.models import DTYPES, load_policy, load_tokenizer, lora_config
 from exgrpo_pl.rewards import ArithmeticReward, compute_rewards
 from exgrpo_pl.rollout import completion_logps, completion_mask_from_ids, sample_completions, score_entropy
 
@@ -82,6 +83,9 @@ class ExGRPOModule(LightningModule):
         dtype: parameter dtype of the policy ("float32", "bfloat16", "float16").
         attn_implementation: attention kernel passed to `from_pretrained`.
         gradient_checkpointing: recompute activations in backward to save memory.
+        lora: train a LoRA adapter instead of all weights: keyword arguments of `peft.LoraConfig`, e.g.
+            `{r: 16, lora_alpha: 32, target_modules: all-linear}` (needs the `peft` extra). The KL reference
+            is then the base model with the adapter switched off, so no second copy is built.
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class ExGRPOModule(LightningModule):
         dtype: str = "float32",
         attn_implementation: str | None = None,
         gradient_checkpointing: bool = False,
+        lora: dict | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["reward_funcs"])
@@ -137,6 +142,7 @@ class ExGRPOModule(LightningModule):
             raise ValueError(
                 f"chat_template=True but the tokenizer of {model_name_or_path!r} has no chat template"
             )
+        self.lora_config = lora_config(lora) if lora else None
         eos = self.tokenizer.eos_token_id
         self.eos_token_ids = eos if isinstance(eos, list) else [eos]
         self.policy = None
@@ -156,7 +162,11 @@ class ExGRPOModule(LightningModule):
             hp.model_name_or_path, hp.dtype, hp.attn_implementation, hp.gradient_checkpointing
         )
         self.policy.train()  # from_pretrained returns eval mode; training forwards must run in train mode
-        if hp.beta > 0:
+        if self.lora_config is not None:
+            from peft import get_peft_model
+
+            self.policy = get_peft_model(self.policy, self.lora_config)
+        elif hp.beta > 0:
             self.reference = deepcopy(self.policy).eval().requires_grad_(False)
 
     def configure_optimizers(self):
@@ -359,11 +369,14 @@ class ExGRPOModule(LightningModule):
         )
 
     def _reference_logps(self, rollouts: RolloutBatch, rows: slice) -> Tensor | None:
-        if self.reference is None:
+        if self.hparams.beta == 0:
             return None
-        with torch.no_grad():
+        # With LoRA the reference is the base model: the same weights with the adapter switched off.
+        reference = self.reference if self.lora_config is None else self.policy
+        adapter_off = self.policy.disable_adapter() if self.lora_config is not None else nullcontext()
+        with torch.no_grad(), adapter_off:
             logps, _ = completion_logps(
-                self.reference,
+                reference,
                 rollouts.prompt_ids[rows],
                 rollouts.prompt_mask[rows],
                 rollouts.completion_ids[rows],
