@@ -26,7 +26,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from exgrpo_pl.data.loading import load_rows, split_rows
+from exgrpo_pl.data.loading import check_answer_from, load_rows, split_rows
 from exgrpo_pl.data.synthetic import ArithmeticTask
 
 _FIXED_KEYS = ("id", "prompt", "answer", "domain")
@@ -121,6 +121,11 @@ class PromptDataModule(L.LightningDataModule):
         answer_column: column holding the reference answer.
         id_column: column holding a stable question id; None hashes the prompt text.
         domain_column: column holding the task/domain name.
+        answer_from: "column" uses the answer column as it is; "boxed" takes the content of the last
+            `\\boxed{...}` of a worked solution in it. The usual math layouts (see `load_rows`):
+            prompt/answer: the defaults; problem/solution (MATH): `prompt_column="problem",
+            answer_column="solution", answer_from="boxed"`; OpenR1-Math: `prompt_column="problem",
+            answer_column="answer"` (its `solution` column reaches reward functions as a column).
         batch_size: prompts per training batch (each is expanded into a group of rollouts later).
         val_batch_size: prompts per validation batch; None means `batch_size`.
         num_workers: DataLoader worker processes.
@@ -138,6 +143,7 @@ class PromptDataModule(L.LightningDataModule):
         answer_column: str = "answer",
         id_column: str | None = None,
         domain_column: str | None = None,
+        answer_from: str = "column",
         batch_size: int = 8,
         val_batch_size: int | None = None,
         num_workers: int = 0,
@@ -149,6 +155,7 @@ class PromptDataModule(L.LightningDataModule):
             raise ValueError(f"batch sizes must be >= 1, got {batch_size} and {val_batch_size}")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        check_answer_from(answer_from)
         # The task object stays out of the hyperparameters: checkpoints must load with weights_only=True.
         self.save_hyperparameters(ignore=["synthetic"])
         self.synthetic = synthetic
@@ -158,7 +165,14 @@ class PromptDataModule(L.LightningDataModule):
 
     def _load(self, path: str) -> list[dict[str, Any]]:
         hp = self.hparams
-        return load_rows(path, hp.prompt_column, hp.answer_column, hp.id_column, hp.domain_column)
+        return load_rows(
+            path,
+            hp.prompt_column,
+            hp.answer_column,
+            hp.id_column,
+            hp.domain_column,
+            answer_from=hp.answer_from,
+        )
 
     def setup(self, stage: str | None = None) -> None:
         """Loads and validates the data (once, whatever the stage)."""

@@ -4,6 +4,16 @@ Formats, by path: `.jsonl` (one object per line), `.json` (a list of objects), `
 written by `datasets.Dataset.save_to_disk` (needs the `datasets` extra). Every row comes out as
 `{"id": int, "prompt": str, "answer": str, "domain": str (if a domain column is named), <other columns>}`.
 A bad row stops loading with an error naming the file, the row and the column.
+
+Common math layouts and the arguments that read them:
+
+- prompt/answer (the default): `prompt_column="prompt", answer_column="answer"`.
+- problem/solution, e.g. MATH, where the solution is worked text ending in `\\boxed{...}`:
+  `prompt_column="problem", answer_column="solution", answer_from="boxed"`; the answer is the content of
+  the solution's last box.
+- OpenR1-Math (`problem`, `solution`, `answer`, `uuid`, ...): `prompt_column="problem",
+  answer_column="answer"`; `solution` and the other columns stay in each row, so reward functions get them
+  as keyword columns.
 """
 
 from __future__ import annotations
@@ -14,7 +24,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from exgrpo_pl.rewards.math_verify import extract_boxed
+
 _INT64 = (-(2**63), 2**63 - 1)
+
+ANSWER_FROM = ("column", "boxed")
+"""The allowed values of `answer_from`: the answer column as it is, or the content of its last box."""
+
+
+def check_answer_from(answer_from: str) -> None:
+    """Raises ValueError unless `answer_from` is one of `ANSWER_FROM`."""
+    if answer_from not in ANSWER_FROM:
+        allowed = ", ".join(repr(value) for value in ANSWER_FROM)
+        raise ValueError(f"answer_from must be one of {allowed}, got {answer_from!r}")
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
@@ -86,6 +108,18 @@ def _text(value: Any, where: str, column: str) -> str:
     return value
 
 
+def _boxed_answer(text: str, where: str, column: str) -> str:
+    answer = extract_boxed(text)
+    if answer is None:
+        raise ValueError(
+            f"{where}: column {column!r} has no complete \\boxed{{...}} to take the answer from "
+            f"(answer_from='boxed'): {text[-200:]!r}"
+        )
+    if not answer.strip():
+        raise ValueError(f"{where}: the last \\boxed{{}} in column {column!r} is empty")
+    return answer.strip()
+
+
 def _question_id(value: Any, where: str, column: str) -> int:
     # Integer ids are used as they are; other string ids are hashed to an int the way prompts are.
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
@@ -105,8 +139,12 @@ def load_rows(
     answer_column: str = "answer",
     id_column: str | None = None,
     domain_column: str | None = None,
+    answer_from: str = "column",
 ) -> list[dict[str, Any]]:
     """Loads and validates a prompt/answer dataset.
+
+    See the module docstring for the arguments that read the common math layouts (prompt/answer,
+    problem/solution, OpenR1-Math).
 
     Args:
         path: a `.jsonl`, `.json` or `.parquet` file, or a `datasets.Dataset.save_to_disk` directory.
@@ -116,15 +154,20 @@ def load_rows(
             is a decimal integer); becomes `id`. None: `id` is the CRC-32 of the prompt text, which stays
             the same across runs and row orders.
         domain_column: column holding the task/domain name; becomes `domain`.
+        answer_from: "column" takes the answer column as it is; "boxed" reads it as a worked solution
+            (e.g. MATH's `solution`) and takes the content of its last `\\boxed{...}`, nested braces kept.
 
     Returns:
         The rows in file order. Columns not named above keep their names and values.
 
     Raises:
         ValueError: on a malformed line, a missing column, an empty prompt or answer, two rows with the
-            same id, a column whose name clashes with a normalized key, or no rows at all.
+            same id, a column whose name clashes with a normalized key, an unknown `answer_from`, a
+            solution without a complete `\\boxed{...}` (or with an empty one) when `answer_from="boxed"`,
+            or no rows at all.
         FileNotFoundError: if `path` does not exist.
     """
+    check_answer_from(answer_from)
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
@@ -150,6 +193,8 @@ def load_rows(
         row = {key: value for key, value in raw.items() if key not in required}
         row["prompt"] = _text(raw[prompt_column], where, prompt_column)
         row["answer"] = _text(raw[answer_column], where, answer_column)
+        if answer_from == "boxed":
+            row["answer"] = _boxed_answer(row["answer"], where, answer_column)
         if id_column is None:
             row["id"] = zlib.crc32(row["prompt"].encode("utf-8"))
         else:
