@@ -13,7 +13,11 @@ from exgrpo_pl.module import ExGRPOModule
 
 
 class ExGRPOCLI(LightningCLI):
-    """LightningCLI that ends a fit by saying where its logs and checkpoints are."""
+    """LightningCLI that ends a fit by saying where its logs and checkpoints are.
+
+    (The module itself checks the strategy against the trainer in `setup`, so plain `Trainer` runs get the
+    same check.)
+    """
 
     def after_fit(self) -> None:
         trainer = self.trainer

@@ -16,6 +16,7 @@ from copy import deepcopy
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
@@ -36,6 +37,7 @@ from exgrpo_pl.losses import (
 from exgrpo_pl.models import DTYPES, load_policy, load_tokenizer, lora_config
 from exgrpo_pl.rewards import ArithmeticReward, compute_rewards
 from exgrpo_pl.rollout import completion_logps, completion_mask_from_ids, sample_completions, score_entropy
+from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
 
 # Batch keys the module consumes itself; every other list-valued key is a dataset column for the rewards.
 _RESERVED_KEYS = ("prompt", "question_id", "experience")
@@ -153,11 +155,18 @@ class ExGRPOModule(LightningModule):
         self.generated_tokens = 0  # completion tokens sampled; replay saves these, so budgets compare on it
 
     # ----------------------------------------------------------------------------------------- setup
+    def setup(self, stage: str) -> None:
+        """Reject a strategy config that conflicts with the trainer or this module, before any training."""
+        check_strategy(self.trainer, self, self.trainer.datamodule)
+
     def configure_model(self) -> None:
         """Build the policy (and the frozen reference when beta > 0) once, inside the strategy's context."""
         if self.policy is not None:
             return
         hp = self.hparams
+        # Under ZeRO-3 transformers must know the model is partitioned while it loads the checkpoint; it
+        # learns that from a live HfDeepSpeedConfig, kept as long as the model.
+        self._hf_deepspeed = hf_deepspeed_config(self._trainer) if self._trainer is not None else None
         self.policy = load_policy(
             hp.model_name_or_path, hp.dtype, hp.attn_implementation, hp.gradient_checkpointing
         )
@@ -254,6 +263,7 @@ class ExGRPOModule(LightningModule):
             top_p=hp.top_p,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_ids=self.eos_token_ids,
+            synced_gpus=self._synced_generation(),
         )
         metrics["timing/generation"] = time.perf_counter() - started
         self.generated_tokens += int(completion_mask.sum())
@@ -348,8 +358,11 @@ class ExGRPOModule(LightningModule):
                 self.manual_backward(loss)
                 share = min(size, len(rollouts) - start) / len(rollouts)
                 _accumulate(totals, {"loss": loss.detach(), **stats}, share)
-            totals["grad_norm"] = self._clip_gradients(optimizer)
+            grad_norm = self._clip_gradients(optimizer)
             optimizer.step()
+            if grad_norm is None:
+                grad_norm = float(self.trainer.strategy.deepspeed_engine.get_global_grad_norm() or 0.0)
+            totals["grad_norm"] = grad_norm
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
         self.num_tokens += int(rollouts.prompt_mask.sum() + rollouts.completion_mask.sum())
@@ -386,8 +399,14 @@ class ExGRPOModule(LightningModule):
             )
         return logps
 
-    def _clip_gradients(self, optimizer) -> float:
-        """Total gradient norm before clipping (TRL's grad_norm); clips when max_grad_norm > 0."""
+    def _clip_gradients(self, optimizer) -> float | None:
+        """Total gradient norm before clipping (TRL's grad_norm); clips when max_grad_norm > 0.
+
+        Under DeepSpeed the engine owns the (sharded) gradients and clips inside its step with
+        `gradient_clipping` (set from max_grad_norm by `check_strategy`): None here, read after the step.
+        """
+        if isinstance(self.trainer.strategy, DeepSpeedStrategy):
+            return None
         grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
         norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         if self.hparams.max_grad_norm > 0:
@@ -419,6 +438,10 @@ class ExGRPOModule(LightningModule):
                 ids = ids[-hp.max_prompt_length :]
             rows.append(torch.tensor(ids, dtype=torch.long))
         return rows
+
+    def _synced_generation(self) -> bool:
+        """Under ZeRO-3 every rank must keep stepping `generate` until all are done, or ranks deadlock."""
+        return self._trainer is not None and needs_synced_generation(self._trainer)
 
     def score_entropy(self, rollouts: RolloutBatch) -> Tensor:
         """`[N]` mean completion-token entropy under the current policy (the paper's trajectory selection)."""
@@ -471,6 +494,7 @@ class ExGRPOModule(LightningModule):
             top_p=hp.top_p,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_ids=self.eos_token_ids,
+            synced_gpus=self._synced_generation(),
         )
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         prompts = [p for p in batch["prompt"] for _ in range(n)]

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 from exgrpo_pl.callbacks import ReplayCallback
 
 from exgrpo_pl.cli import ExGRPOCLI
@@ -18,13 +19,36 @@ def test_configs_exist():
     }
 
 
+def _real_model_overrides(config: Path, tiny_model_dir: str) -> list[str]:
+    """For a preset of a hub model on GPUs: the local tiny model and one CPU, so nothing is downloaded.
+
+    The DeepSpeed strategy is still built (it constructs on the CPU; only fitting needs CUDA).
+    """
+    raw = yaml.safe_load(config.read_text())
+    if str(raw.get("model", {}).get("model_name_or_path", "embedded:")).startswith("embedded:"):
+        return []
+    if "DeepSpeed" in str(raw.get("trainer", {}).get("strategy", "")):
+        pytest.importorskip("deepspeed")
+    return [
+        f"--model.model_name_or_path={tiny_model_dir}",
+        "--model.chat_template=false",  # the tiny character tokenizer has no chat template
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+    ]
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
-def test_config_builds(config, tmp_path):
+def test_config_builds(config, tmp_path, tiny_model_dir):
     cli = ExGRPOCLI(
         ExGRPOModule,
         PromptDataModule,
         run=False,
-        args=["--config", str(config), f"--trainer.default_root_dir={tmp_path}"],
+        args=[
+            "--config",
+            str(config),
+            f"--trainer.default_root_dir={tmp_path}",
+            *_real_model_overrides(config, tiny_model_dir),
+        ],
     )
     assert isinstance(cli.model, ExGRPOModule) and isinstance(cli.datamodule, PromptDataModule)
     replay = [c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback)]
