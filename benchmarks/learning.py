@@ -104,27 +104,32 @@ def main() -> None:
     torch.set_num_threads(2)
     names = QUICK if args.quick else tuple(VARIANTS)
     seeds = range(args.seeds or (2 if args.quick else 3))
+    suffix = "_quick" if args.quick else ""
     curves: dict[str, list] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             config, change = VARIANTS[name]
-            curves[name] = [
-                run(config, change, seed, args.budget, Path(tmp) / f"{config}-{seed}") for seed in seeds
-            ]
+            for seed in seeds:
+                curve = run(config, change, seed, args.budget, Path(tmp) / f"{config}-{seed}")
+                curves.setdefault(name, []).append(curve)
+                # Written after every run, so a long run that is stopped still leaves what it measured.
+                report(curves, args.budget, suffix)
 
-    print(f"\nval pass@1 at a budget of {args.budget} generated tokens, {len(seeds)} seeds (mean +- std)")
-    print(f"{'variant':26s} {'start':>7s} {'final':>15s} {'best':>15s}")
+
+def report(curves: dict[str, list], budget: int, suffix: str) -> None:
+    """Print the table and write the JSON and the plot for the runs finished so far."""
+    print(f"\nval pass@1 at a budget of {budget} generated tokens (mean +- std over seeds)")
+    print(f"{'variant':26s} {'seeds':>5s} {'start':>7s} {'final':>15s} {'best':>15s}")
     summary = {}
     for name, runs in curves.items():
         start = statistics.mean(c[0][1] for c in runs)
         final = [c[-1][1] for c in runs]
         best = [max(v for _, v in c) for c in runs]
         summary[name] = {"start": start, "final": final, "best": best, "curves": runs}
-        print(f"{name:26s} {start:7.3f} {_fmt(final):>15s} {_fmt(best):>15s}")
+        print(f"{name:26s} {len(runs):5d} {start:7.3f} {_fmt(final):>15s} {_fmt(best):>15s}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = "_quick" if args.quick else ""
     (RESULTS / f"learning{suffix}.json").write_text(json.dumps(summary, indent=1))
-    _plot(curves, RESULTS / f"learning{suffix}.png", args.budget)
+    _plot(curves, RESULTS / f"learning{suffix}.png", budget)
     print(f"wrote {RESULTS / f'learning{suffix}.png'}")
 
 
