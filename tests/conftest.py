@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random causal LM saved with `save_pretrained`, as a user's checkpoint would be."""
+"""Shared test pieces: a tiny random causal LM saved with `save_pretrained` (as a user's checkpoint would be),
+and the tiny GRPO module most Trainer tests train."""
 
 import pytest
 import torch
@@ -6,6 +7,8 @@ from transformers import LlamaForCausalLM
 
 from exgrpo_pl.data import ARITHMETIC_ALPHABET
 from exgrpo_pl.models import build_char_tokenizer, tiny_llama_config
+from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.rewards import FormatReward
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +21,16 @@ def tiny_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def tiny_module(model_dir, **overrides) -> ExGRPOModule:
+    """An ExGRPOModule on the tiny model, K = 4, 4-token completions.
+
+    A random model never solves arithmetic; a format reward varies across its samples, so groups have
+    non-zero advantages and the policy really moves.
+    """
+    settings = dict(
+        model_name_or_path=model_dir, num_generations=4, max_completion_length=4, learning_rate=1e-3,
+        reward_funcs=[FormatReward(r"[0-9].*")],
+    )  # fmt: skip
+    return ExGRPOModule(**{**settings, **overrides})

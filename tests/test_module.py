@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import tiny_module
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
@@ -9,20 +10,10 @@ from lightning.pytorch.loggers import CSVLogger
 from exgrpo_pl.contract import Experience, ReplayableModule
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.rewards import FormatReward
 
 
 def make_module(path, **kwargs):
-    # A random model never solves arithmetic; a format reward varies across its samples, so groups have
-    # non-zero advantages and the policy really moves.
-    defaults = dict(
-        model_name_or_path=path,
-        num_generations=4,
-        max_completion_length=4,
-        learning_rate=1e-3,
-        reward_funcs=[FormatReward(r"[0-9].*")],
-    )
-    module = ExGRPOModule(**{**defaults, **kwargs})
+    module = tiny_module(path, **kwargs)
     module.configure_model()
     return module
 

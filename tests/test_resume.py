@@ -1,25 +1,18 @@
 """Resume equivalence: 2 epochs straight == 1 epoch, checkpoint, 1 more epoch (model, buffer, counters)."""
 
 import torch
+from conftest import tiny_module
 from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.replay import SelectiveReplay
-from exgrpo_pl.rewards import FormatReward
 
 
 def train(tmp_path, model_dir, epochs, ckpt_path=None):
     seed_everything(0)
-    module = ExGRPOModule(
-        model_name_or_path=model_dir,
-        num_generations=4,
-        max_completion_length=4,
-        learning_rate=1e-3,
-        reward_funcs=[FormatReward(r"[0-9].*")],
-    )
+    module = tiny_module(model_dir)
     replay = ReplayCallback(mode="mix", min_buffer_size=1, replay=SelectiveReplay("uniform", 0.5))
     trainer = Trainer(
         max_epochs=epochs,

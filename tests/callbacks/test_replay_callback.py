@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import tiny_module
 from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -9,9 +10,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.replay import SelectiveReplay
-from exgrpo_pl.rewards import FormatReward
 
 
 class RecordRollouts(Callback):
@@ -26,14 +25,7 @@ class RecordRollouts(Callback):
 
 def fit(tmp_path, model_dir, callbacks, max_steps=4, reward=None, **trainer_kwargs):
     seed_everything(0)
-    # A random policy never solves arithmetic; a format reward varies across samples, so groups carry signal.
-    module = ExGRPOModule(
-        model_name_or_path=model_dir,
-        num_generations=4,
-        max_completion_length=4,
-        learning_rate=1e-3,
-        reward_funcs=[reward or FormatReward(r"[0-9].*")],
-    )
+    module = tiny_module(model_dir, **({"reward_funcs": [reward]} if reward else {}))
     data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
     record = RecordRollouts()
     trainer = Trainer(

@@ -4,13 +4,12 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_module
 from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.replay import SelectiveReplay
-from exgrpo_pl.rewards import FormatReward
 
 pytestmark = pytest.mark.multiprocess
 
@@ -41,13 +40,7 @@ def test_every_rank_takes_the_same_replay_decisions_and_checkpoints_keep_each_bu
         start_pass_rate=0.0,
         replay=SelectiveReplay(strategy="uniform", replay_probability=0.5),
     )
-    module = ExGRPOModule(
-        model_name_or_path=tiny_model_dir,
-        num_generations=2,
-        max_completion_length=3,
-        learning_rate=1e-3,
-        reward_funcs=[FormatReward(r"[0-9].*")],
-    )
+    module = tiny_module(tiny_model_dir, num_generations=2, max_completion_length=3)
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
