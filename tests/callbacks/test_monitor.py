@@ -4,40 +4,28 @@ import csv
 import json
 
 import pytest
+from conftest import tiny_module
 from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.replay import SelectiveReplay
-from exgrpo_pl.rewards import FormatReward
 
 HISTOGRAMS = {"monitor/correctness_rate", "monitor/entropy", "monitor/staleness"}
 NO_TENSORBOARD = "histograms, images and text need a TensorBoardLogger"
 
 
-def callbacks():
+def callbacks(with_replay=True):
+    monitor = DifficultyMonitor(log_every_n_steps=1, completion_table_every_n_steps=1)
+    if not with_replay:
+        return [monitor]
     replay = SelectiveReplay(strategy="uniform", replay_probability=1.0)
-    return [
-        ReplayCallback(replay=replay, min_buffer_size=1),
-        DifficultyMonitor(log_every_n_steps=1, completion_table_every_n_steps=1),
-    ]
+    return [ReplayCallback(replay=replay, min_buffer_size=1), monitor]
 
 
-def module(model_dir, num_generations=4):
-    # A random policy never solves arithmetic; a format reward varies across samples, so groups carry signal.
-    return ExGRPOModule(
-        model_name_or_path=model_dir,
-        num_generations=num_generations,
-        max_completion_length=4,
-        learning_rate=1e-3,
-        reward_funcs=[FormatReward(r"[0-9].*")],
-    )
-
-
-def fit(tmp_path, model_dir, logger, extra=(), num_generations=4, **trainer_kwargs):
+def fit(tmp_path, model_dir, logger, extra=(), num_generations=4, with_replay=True, **trainer_kwargs):
     seed_everything(0)
     trainer = Trainer(
         max_epochs=2,
@@ -48,12 +36,12 @@ def fit(tmp_path, model_dir, logger, extra=(), num_generations=4, **trainer_kwar
         enable_model_summary=False,
         enable_checkpointing=False,
         limit_val_batches=0,
-        callbacks=[*callbacks(), *extra],
+        callbacks=[*callbacks(with_replay), *extra],
         default_root_dir=tmp_path,
         **trainer_kwargs,
     )
     data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
-    trainer.fit(module(model_dir, num_generations), data)
+    trainer.fit(tiny_module(model_dir, num_generations=num_generations), data)
     return trainer
 
 
@@ -105,20 +93,8 @@ def test_csv_logger_gets_the_scalars_and_one_warning(tmp_path, tiny_model_dir, r
 
 
 def test_without_replay_callback_it_warns_once_and_logs_only_completions(tmp_path, tiny_model_dir, recwarn):
-    seed_everything(0)
     logger = TensorBoardLogger(tmp_path, name="tb")
-    trainer = Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        logger=logger,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        limit_val_batches=0,
-        callbacks=[DifficultyMonitor(log_every_n_steps=1, completion_table_every_n_steps=1)],
-    )
-    data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
-    trainer.fit(module(tiny_model_dir), data)
+    fit(tmp_path, tiny_model_dir, logger, with_replay=False)
     assert sum("no ReplayCallback" in str(w.message) for w in recwarn) == 1
     tags = read_events(logger.log_dir).Tags()
     assert not tags["histograms"] and not tags["images"]
