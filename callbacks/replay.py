@@ -18,9 +18,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule
 from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.strategies import needs_synced_generation
 
 
 class ReplayCallback(Callback):
@@ -32,6 +34,12 @@ class ReplayCallback(Callback):
     `min_buffer_size` trajectories on every rank; otherwise the step stays on-policy and is counted in
     `replay/fallback_steps`. Every decision is taken identically on all ranks (a shared seeded coin and
     all-reduced conditions), since a rank that generates while another does not deadlocks under ZeRO-3.
+
+    The paper's trajectory selection rescores stored trajectories with the policy, and each rank has its
+    own buffer, so ranks have different numbers to rescore (or none). Under ZeRO-3 and FSDP, where every
+    forward gathers parameter shards from all ranks, each replay step therefore runs one rescoring round on
+    every rank: an all-reduce (max) of the ranks' forward counts, then that many forwards, padded with
+    dummy ones. Under DDP nothing is added.
 
     Args:
         buffer: where trajectories are kept; default `TrajectoryBuffer()` (the seed's defaults).
@@ -98,7 +106,7 @@ class ReplayCallback(Callback):
         if not isinstance(pl_module, ReplayableModule):
             raise TypeError(
                 f"ReplayCallback needs a module following exgrpo_pl.contract.ReplayableModule "
-                f"(num_generations and score_entropy); {type(pl_module).__name__} does not"
+                f"(num_generations, score_entropy and entropy_forwards); {type(pl_module).__name__} does not"
             )
 
     @override
@@ -127,25 +135,18 @@ class ReplayCallback(Callback):
             self.fallback_steps += 1
             return
         started = time.perf_counter()
-        experience = self.replay.sample(self.buffer, size, entropy_fn=self._timed_rescoring(pl_module))
-        self._timings["timing/replay_sample"] = (
-            time.perf_counter() - started - self._timings["timing/replay_rescore"]
-        )
+        synced = self.replay.rescores and needs_synced_generation(trainer)
+        rescoring = _Rescoring(trainer, pl_module, synced)
+        experience = self.replay.sample(self.buffer, size, entropy_fn=rescoring)
+        # Before any other collective (the all-reduce below is one), so every rank's sequence matches.
+        rescoring.join(experience)
+        self._timings["timing/replay_rescore"] = rescoring.seconds
+        self._timings["timing/replay_sample"] = time.perf_counter() - started - rescoring.seconds
         if not _all_ranks(trainer, len(experience) > 0):
             self.fallback_steps += 1
             return
         batch["experience"] = Experience(self.mode, experience)
         self.replayed_steps += 1
-
-    def _timed_rescoring(self, pl_module):
-        def rescore(candidates):
-            started = time.perf_counter()
-            with torch.no_grad():
-                scores = pl_module.score_entropy(candidates).cpu()
-            self._timings["timing/replay_rescore"] += time.perf_counter() - started
-            return scores
-
-        return rescore
 
     @override
     def on_train_batch_end(
@@ -214,6 +215,54 @@ class ReplayCallback(Callback):
         self.pass_rate_reached = own["pass_rate_reached"]
         self.fallback_steps = own["fallback_steps"]
         self.replayed_steps = own["replayed_steps"]
+
+
+class _Rescoring:
+    """The `entropy_fn` of one replay step: scores candidates under the current policy, and times it.
+
+    With `synced` (ZeRO-3/FSDP: every forward is a collective) a call is this rank's rescoring round: the
+    ranks agree on the largest forward count (all-reduce max; this rank's is 0 without candidates), then
+    each runs exactly that many, the surplus being discarded dummy forwards. Every rank takes part in one
+    round per step: the buffer calls `entropy_fn` once per sample, or not at all when the sampled questions
+    have no stored trajectory, and `join` then runs the round with nothing to score.
+    """
+
+    def __init__(self, trainer: Trainer, pl_module: LightningModule, synced: bool) -> None:
+        self.trainer = trainer
+        self.pl_module = pl_module
+        self.synced = synced
+        self.rounds = 0
+        self.seconds = 0.0
+
+    def __call__(self, candidates: RolloutBatch) -> torch.Tensor:
+        if self.synced and self.rounds:
+            # A second round on this rank only would leave the other ranks waiting in their next collective.
+            raise RuntimeError("entropy_fn called twice in one sample(): ranks would fall out of step")
+        started = time.perf_counter()
+        with torch.no_grad():
+            if self.synced:
+                forwards = _max_across_ranks(self.trainer, self.pl_module.entropy_forwards(candidates))
+                scores = self.pl_module.score_entropy(candidates, num_forwards=forwards)
+            else:
+                scores = self.pl_module.score_entropy(candidates)
+        self.rounds += 1
+        self.seconds += time.perf_counter() - started
+        return scores.cpu()
+
+    def join(self, sampled: RolloutBatch) -> None:
+        """Take part in the round (with no rows) if this rank's sample() never called `entropy_fn`."""
+        if self.synced and not self.rounds:
+            self(sampled.select(torch.zeros(0, dtype=torch.long)))
+
+
+def _max_across_ranks(trainer: Trainer, value: int) -> int:
+    """The largest `value` over all ranks."""
+    if trainer.world_size == 1:
+        return value
+    reduced = trainer.strategy.reduce(
+        torch.tensor(value, device=trainer.strategy.root_device), reduce_op="max"
+    )
+    return int(reduced)
 
 
 def _all_ranks(trainer: Trainer, flag: bool) -> bool:

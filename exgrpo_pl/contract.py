@@ -6,7 +6,9 @@ A user's own GRPO module works with `ReplayCallback` if it follows `ReplayableMo
   `on_train_batch_start` (the same dict object reaches `training_step`);
 - `training_step` honours that entry and returns `{"loss": ..., "rollouts": RolloutBatch}` with what it
   trained on (fresh rows with their behaviour log-probs, replayed rows flagged);
-- `score_entropy` rescores stored trajectories under the current policy (the paper's selection).
+- `score_entropy` rescores stored trajectories under the current policy (the paper's selection), and
+  `entropy_forwards` says how many policy forwards that takes, so that under ZeRO-3 the callback can make
+  every rank run the same number (each forward there is a collective).
 """
 
 from __future__ import annotations
@@ -48,6 +50,16 @@ class ReplayableModule(Protocol):
     num_generations: int
     """K, rollouts per question."""
 
-    def score_entropy(self, rollouts: RolloutBatch) -> Tensor:
-        """`[N]` mean completion-token entropy of `rollouts` under the current policy."""
+    def score_entropy(self, rollouts: RolloutBatch, num_forwards: int | None = None) -> Tensor:
+        """`[N]` mean completion-token entropy of `rollouts` under the current policy.
+
+        `num_forwards`: None runs the forwards `rollouts` need; a number (at least
+        `entropy_forwards(rollouts)`, and `rollouts` may be empty) runs exactly that many policy forwards,
+        padding with dummy ones whose results are discarded. Under ZeRO-3/FSDP each forward gathers the
+        sharded parameters from every rank, and the callback asks each rank for the same count.
+        """
+        ...
+
+    def entropy_forwards(self, rollouts: RolloutBatch) -> int:
+        """How many policy forwards `score_entropy(rollouts)` runs (e.g. its micro-batches)."""
         ...

@@ -36,7 +36,13 @@ from exgrpo_pl.losses import (
 )
 from exgrpo_pl.models import DTYPES, load_policy, load_tokenizer, lora_config
 from exgrpo_pl.rewards import ArithmeticReward, compute_rewards
-from exgrpo_pl.rollout import completion_logps, completion_mask_from_ids, sample_completions, score_entropy
+from exgrpo_pl.rollout import (
+    completion_logps,
+    completion_mask_from_ids,
+    num_micro_batches,
+    sample_completions,
+    score_entropy,
+)
 from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
 
 # Batch keys the module consumes itself; every other list-valued key is a dataset column for the rewards.
@@ -443,10 +449,26 @@ class ExGRPOModule(LightningModule):
         """Under ZeRO-3 every rank must keep stepping `generate` until all are done, or ranks deadlock."""
         return self._trainer is not None and needs_synced_generation(self._trainer)
 
-    def score_entropy(self, rollouts: RolloutBatch) -> Tensor:
-        """`[N]` mean completion-token entropy under the current policy (the paper's trajectory selection)."""
-        size = self.hparams.micro_batch_size or 64
-        return score_entropy(self.policy, rollouts.to(self.device), self.hparams.temperature, size)
+    def score_entropy(self, rollouts: RolloutBatch, num_forwards: int | None = None) -> Tensor:
+        """`[N]` mean completion-token entropy under the current policy (the paper's trajectory selection).
+
+        `num_forwards`: run exactly that many forwards (see `exgrpo_pl.contract.ReplayableModule`).
+        """
+        return score_entropy(
+            self.policy,
+            rollouts.to(self.device),
+            self.hparams.temperature,
+            self._entropy_micro_batch_size(),
+            num_forwards=num_forwards,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+
+    def entropy_forwards(self, rollouts: RolloutBatch) -> int:
+        """Policy forwards that `score_entropy(rollouts)` runs: one per micro-batch."""
+        return num_micro_batches(len(rollouts), self._entropy_micro_batch_size())
+
+    def _entropy_micro_batch_size(self) -> int:
+        return self.hparams.micro_batch_size or 64
 
     def _log_step(
         self, rollouts: RolloutBatch, stats: dict[str, Tensor], metrics: dict, step_time: float

@@ -14,6 +14,10 @@ from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.buffer import EntropyFn, TrajectoryBuffer, resolve_strategy
 from exgrpo_pl.difficulty import check_rate_range
 
+# The trajectory selections for which `TrajectoryBuffer.sample` calls `entropy_fn` (the others rank by the
+# entropy stored at collection, or not at all).
+RESCORING_SELECTIONS = ("lowest_entropy", "highest_entropy")
+
 
 class SelectiveReplay:
     """Replay schedule and sampling strategy.
@@ -68,6 +72,11 @@ class SelectiveReplay:
     def should_replay(self) -> bool:
         """One coin flip with probability `replay_probability`, from the decision generator."""
         return bool(torch.rand((), generator=self._decisions) < self.replay_probability)
+
+    @property
+    def rescores(self) -> bool:
+        """Whether `sample` calls `entropy_fn`, i.e. runs the policy on stored trajectories."""
+        return self.trajectory_selection in RESCORING_SELECTIONS
 
     def medium_range(self, buffer: TrajectoryBuffer) -> tuple[float, float]:
         """The medium-difficulty range in effect for `buffer` (adaptive or not)."""

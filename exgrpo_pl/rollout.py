@@ -82,7 +82,11 @@ def sample_completions(
 
 
 def completion_logits(
-    model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor,
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
     temperature: float = 1.0,
 ) -> Tensor:
     """The logits that predicted each completion token, divided by the sampling temperature. `[N, C, V]`.
@@ -144,8 +148,20 @@ def compute_entropy(logits: Tensor, mask: Tensor, method: str = "entropy") -> Te
     return masked_mean((confidence - mean.unsqueeze(1)) ** 2, mask, dim=1)
 
 
+def num_micro_batches(rows: int, micro_batch_size: int) -> int:
+    """Forwards `score_entropy` runs for `rows` rows: one per micro-batch."""
+    return -(-rows // micro_batch_size)
+
+
 @torch.no_grad()
-def score_entropy(model, batch, temperature: float = 1.0, micro_batch_size: int = 64) -> Tensor:
+def score_entropy(
+    model,
+    batch,
+    temperature: float = 1.0,
+    micro_batch_size: int = 64,
+    num_forwards: int | None = None,
+    pad_token_id: int = 0,
+) -> Tensor:
     """Mean completion-token entropy of stored trajectories under the CURRENT policy. `[N]`.
 
     This is what the paper's trajectory selection ranks by. Its official code masks this with an inverted,
@@ -154,9 +170,20 @@ def score_entropy(model, batch, temperature: float = 1.0, micro_batch_size: int 
 
     Args:
         batch: a `RolloutBatch` (or anything with prompt_ids/prompt_mask/completion_ids/completion_mask).
+        num_forwards: run exactly this many forwards, at least `num_micro_batches(N, micro_batch_size)`;
+            the extra ones score a one-token dummy row and are discarded. Under ZeRO-3 every forward
+            gathers the sharded parameters from all ranks, so ranks with different numbers of
+            trajectories must still run the same number of forwards. None: one per micro-batch.
+        pad_token_id: the token of the dummy row.
     """
+    rows_total = batch.prompt_ids.shape[0]
+    needed = num_micro_batches(rows_total, micro_batch_size)
+    if num_forwards is not None and num_forwards < needed:
+        raise ValueError(
+            f"num_forwards={num_forwards} is fewer than the {needed} micro-batches of {rows_total} rows"
+        )
     scores = []
-    for start in range(0, batch.prompt_ids.shape[0], micro_batch_size):
+    for start in range(0, rows_total, micro_batch_size):
         rows = slice(start, start + micro_batch_size)
         _, entropy = completion_logps(
             model,
@@ -167,4 +194,12 @@ def score_entropy(model, batch, temperature: float = 1.0, micro_batch_size: int 
             temperature,
         )
         scores.append(masked_mean(entropy, batch.completion_mask[rows], dim=1))
+    if num_forwards is not None and num_forwards > needed:
+        # One real token (an all-masked row can make attention produce NaN) and no completion: the
+        # cheapest call that still runs every layer, hence every parameter gather.
+        device = batch.prompt_ids.device
+        dummy = torch.full((1, 1), pad_token_id, dtype=torch.long, device=device)
+        empty = dummy[:, :0]
+        for _ in range(num_forwards - needed):
+            completion_logits(model, dummy, torch.ones_like(dummy, dtype=torch.bool), empty, empty.bool())
     return torch.cat(scores) if scores else torch.zeros(0)

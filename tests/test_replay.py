@@ -10,7 +10,7 @@ import torch
 
 import exgrpo_pl
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
-from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.buffer import QUESTION_SAMPLING, TRAJECTORY_SELECTION, TrajectoryBuffer
 from exgrpo_pl.difficulty import DifficultyBucketer
 from exgrpo_pl.replay import SelectiveReplay
 
@@ -97,6 +97,16 @@ def test_paper_strategy_with_entropy_fn_and_ablation_overrides():
     assert (no_selection.question_sampling, no_selection.trajectory_selection) == ("gaussian", "random")
     no_question = SelectiveReplay(strategy="gaussian_lowest_entropy", question_sampling="uniform")
     assert sorted(no_question.sample(buffer, size=5).question_ids.tolist()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("question_sampling", QUESTION_SAMPLING)
+@pytest.mark.parametrize("selection", TRAJECTORY_SELECTION)
+def test_rescores_says_whether_sample_calls_entropy_fn(question_sampling, selection):
+    """The replay callback pads ZeRO-3 ranks' rescoring forwards only when `rescores` says so."""
+    replay = SelectiveReplay(question_sampling=question_sampling, trajectory_selection=selection)
+    calls = []
+    replay.sample(make_buffer([1, 2, 3]), size=3, entropy_fn=lambda c: calls.append(len(c)) or c.entropy)
+    assert replay.rescores == bool(calls)
 
 
 def test_same_seed_samples_the_same():

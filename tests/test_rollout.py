@@ -3,6 +3,7 @@
 import math
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from exgrpo_pl.models import load_policy
@@ -10,6 +11,7 @@ from exgrpo_pl.rollout import (
     completion_logps,
     completion_mask_from_ids,
     compute_entropy,
+    num_micro_batches,
     position_ids_from_mask,
     sample_completions,
     score_entropy,
@@ -52,6 +54,37 @@ def test_selection_entropy_counts_completion_tokens_only_with_padding_on_both_si
     # the completion's own tokens. Row 0: tokens 1 and 2 predict; row 1: prompt token 2 predicts.
     expected = torch.tensor([(H[1] + H[2]) / 2, H[2]])
     assert torch.allclose(score_entropy(TableModel(), batch), expected, atol=1e-6)
+
+
+class CountingTableModel(TableModel):
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return super().__call__(*args, **kwargs)
+
+
+def test_padding_forwards_leave_the_scores_of_real_rows_unchanged():
+    """A forced forward count (ZeRO-3 ranks agree on one) adds dummy forwards and nothing else."""
+    batch = SimpleNamespace(
+        prompt_ids=torch.tensor([[0, 0, 1], [1, 2, 2], [0, 2, 1]]),
+        prompt_mask=torch.tensor([[False, False, True], [True, True, True], [False, True, True]]),
+        completion_ids=torch.tensor([[2, 1, 0], [1, 0, 0], [0, 1, 2]]),
+        completion_mask=torch.tensor([[True, True, False], [True, False, False], [True, True, True]]),
+    )
+    plain, padded = CountingTableModel(), CountingTableModel()
+    expected = score_entropy(plain, batch, micro_batch_size=2)
+    assert plain.calls == num_micro_batches(3, 2) == 2
+    assert torch.equal(score_entropy(padded, batch, micro_batch_size=2, num_forwards=5), expected)
+    assert padded.calls == 5
+
+    empty = SimpleNamespace(**{name: value[:0] for name, value in vars(batch).items()})
+    idle = CountingTableModel()
+    assert score_entropy(idle, empty, micro_batch_size=2, num_forwards=3).shape == (0,)
+    assert idle.calls == 3  # a rank with nothing to rescore still joins the others' forwards
+    with pytest.raises(ValueError, match="num_forwards=1 is fewer than the 2 micro-batches"):
+        score_entropy(CountingTableModel(), batch, micro_batch_size=2, num_forwards=1)
 
 
 def test_logps_are_those_of_the_tokens_and_positions_follow_the_mask():
