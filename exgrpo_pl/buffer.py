@@ -2,9 +2,9 @@
 
 Every stored trajectory is one slot: per-row metadata lives in preallocated NumPy columns, so selecting
 experience out of 100K trajectories is a handful of vectorised ops; token payloads (trimmed prompt ids,
-completion ids, behaviour log-probs) are one small NumPy array per slot and only the sampled slots' payloads
-are touched. The strategy names and their resolution into (question sampling, trajectory selection) live here.
-Plain PyTorch/NumPy, no Lightning.
+completion ids, behaviour log-probs) live back to back in flat arrays (`exgrpo_pl.ragged.RaggedStore`), so
+gathering the sampled slots' payloads is one indexing op per field. The strategy names and their resolution
+into (question sampling, trajectory selection) live here. Plain PyTorch/NumPy, no Lightning.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.difficulty import DifficultyBucketer, check_rate_range, gaussian_bucket_draw, tier_of
+from exgrpo_pl.ragged import RaggedStore
 
 QUESTION_SAMPLING = ("medium_range", "gaussian", "uniform")
 TRAJECTORY_SELECTION = ("low_entropy_percentile", "lowest_entropy", "highest_entropy", "random")
@@ -42,18 +43,19 @@ _COLUMNS = {
     "entropy": np.float32,
     "policy_version": np.int64,
     "seq": np.int64,  # insertion order, for oldest-first eviction
-    "prompt_len": np.int64,
-    "completion_len": np.int64,
     "domain": np.int64,  # index into the buffer's domain names; -1 for none
 }
-# Token payload -> (its mask in a RolloutBatch, its length column, stored dtype).
+# Token payloads, one RaggedStore per length: store -> (its mask in a RolloutBatch, its length key in a
+# state dict, its fields and their stored dtypes).
 _TOKENS = {
-    "prompt_ids": ("prompt_mask", "prompt_len", np.int32),
-    "completion_ids": ("completion_mask", "completion_len", np.int32),
-    "behaviour_logps": ("completion_mask", "completion_len", np.float32),
+    "prompt": ("prompt_mask", "prompt_len", {"prompt_ids": np.int32}),
+    "completion": (
+        "completion_mask",
+        "completion_len",
+        {"completion_ids": np.int32, "behaviour_logps": np.float32},
+    ),
 }
 _TEXTS = ("prompts", "completions", "answers")
-_PAYLOADS = (*_TOKENS, *_TEXTS)
 _BATCH_FIELDS = {
     "question_id": "question_ids",
     "reward": "rewards",
@@ -160,7 +162,8 @@ class TrajectoryBuffer:
     def clear(self) -> None:
         """Drop every stored trajectory. The bucketer's statistics and retired set are kept."""
         self._cols = {name: np.zeros(0, dtype=dtype) for name, dtype in _COLUMNS.items()}
-        self._payload: dict[str, list] = {name: [] for name in _PAYLOADS}
+        self._tokens = {store: RaggedStore(fields) for store, (_, _, fields) in _TOKENS.items()}
+        self._texts = {name: np.zeros(0, dtype=object) for name in _TEXTS}
         self._size = 0
         self._high_water = 0  # slots at or above it were never used
         self._free: list[int] = []  # heap of freed slots below the high-water mark
@@ -181,15 +184,18 @@ class TrajectoryBuffer:
             grown[:capacity] = col
             self._cols[name] = grown
         self._cols["qidx"][capacity:] = -1
-        for values in self._payload.values():
-            values.extend([None] * (new - capacity))
+        for store in self._tokens.values():
+            store.reserve_slots(new)
+        for name, texts in self._texts.items():
+            self._texts[name] = np.append(texts, np.full(new - capacity, None, dtype=object))
 
     def _release(self, slots: np.ndarray) -> None:
         self._cols["occupied"][slots] = False
         self._cols["qidx"][slots] = -1
-        for values in self._payload.values():
-            for s in slots.tolist():
-                values[s] = None
+        for store in self._tokens.values():
+            store.release(slots)
+        for texts in self._texts.values():
+            texts[slots] = None
         for s in slots.tolist():
             heapq.heappush(self._free, s)
         self._size -= len(slots)
@@ -293,20 +299,15 @@ class TrajectoryBuffer:
                     codes[name] = len(self._domain_names)
                     self._domain_names.append(name)
                 cols["domain"][slot] = codes[name]
-        payload: dict[str, Sequence] = {}
-        for name, (mask_name, length_name, dtype) in _TOKENS.items():
+        for store, (mask_name, _, fields) in _TOKENS.items():
             mask = _numpy(getattr(batch, mask_name))[rows]
-            lengths = mask.sum(1)
-            cols[length_name][slots] = lengths
-            # One masked copy per field, then a view per row: no per-row array ops.
-            flat = _numpy(getattr(batch, name))[rows][mask].astype(dtype)
-            payload[name] = np.split(flat, np.cumsum(lengths)[:-1])
+            flat = {
+                name: _numpy(getattr(batch, name))[rows][mask].astype(dtype) for name, dtype in fields.items()
+            }
+            self._tokens[store].write(slots, mask.sum(1), flat)
         for name in _TEXTS:
             texts = getattr(batch, name)
-            payload[name] = [texts[r] for r in rows.tolist()] if texts else [""] * len(rows)
-        for name, values in payload.items():
-            for slot, value in zip(slots.tolist(), values, strict=True):
-                self._payload[name][slot] = value
+            self._texts[name][slots] = [texts[r] for r in rows.tolist()] if texts else ""
 
     def remove_questions(self, question_ids: Tensor | Sequence[int]) -> int:
         """Remove every stored trajectory of these questions (used for retired ones). Returns how many."""
@@ -427,13 +428,9 @@ class TrajectoryBuffer:
         return self._gather(pool[order[first]])
 
     def _gather(self, slots: np.ndarray) -> RolloutBatch:
-        cols, payload = self._cols, self._payload
-        rows = slots.tolist()
-        prompt_mask = _padding_mask(cols["prompt_len"][slots], left=True)
-        completion_mask = _padding_mask(cols["completion_len"][slots], left=False)
-        prompt_ids = _pad([payload["prompt_ids"][s] for s in rows], prompt_mask, np.int64)
-        completion_ids = _pad([payload["completion_ids"][s] for s in rows], completion_mask, np.int64)
-        logps = _pad([payload["behaviour_logps"][s] for s in rows], completion_mask, np.float32)
+        cols = self._cols
+        prompt, prompt_mask = self._tokens["prompt"].padded(slots, left=True)
+        completion, completion_mask = self._tokens["completion"].padded(slots, left=False)
         rewards = torch.from_numpy(cols["reward"][slots])
         rates = self._row_rates(slots)
         codes = cols["domain"][slots]
@@ -442,21 +439,21 @@ class TrajectoryBuffer:
             domains = [self._domain_names[c] if c >= 0 else "default" for c in codes.tolist()]
         return RolloutBatch(
             question_ids=torch.from_numpy(cols["question_id"][slots]),
-            prompt_ids=prompt_ids,
+            prompt_ids=torch.from_numpy(prompt["prompt_ids"]).long(),
             prompt_mask=torch.from_numpy(prompt_mask),
-            completion_ids=completion_ids,
+            completion_ids=torch.from_numpy(completion["completion_ids"]).long(),
             completion_mask=torch.from_numpy(completion_mask),
-            behaviour_logps=logps,
+            behaviour_logps=torch.from_numpy(completion["behaviour_logps"]),
             rewards=rewards,
             correct=torch.from_numpy(cols["correct"][slots]),
             entropy=torch.from_numpy(cols["entropy"][slots]),
             advantages=rewards - torch.from_numpy(rates).float(),
             policy_version=torch.from_numpy(cols["policy_version"][slots]),
-            replayed=torch.ones(len(rows), dtype=torch.bool),
+            replayed=torch.ones(len(slots), dtype=torch.bool),
             group_size=1,
-            prompts=[payload["prompts"][s] for s in rows],
-            completions=[payload["completions"][s] for s in rows],
-            answers=[payload["answers"][s] for s in rows],
+            prompts=self._texts["prompts"][slots].tolist(),
+            completions=self._texts["completions"][slots].tolist(),
+            answers=self._texts["answers"][slots].tolist(),
             domains=domains,
         )
 
@@ -466,12 +463,12 @@ class TrajectoryBuffer:
         "question_ids" and "behaviour_logps" (a list of per-token log-prob tensors under the behaviour
         policy). Importance weights `pi_theta / pi_behaviour` need nothing else, so no old model is kept."""
         occupied = self._occupied()
+        completion = self._tokens["completion"]
+        logps = completion.rows(occupied)["behaviour_logps"]
         return {
             "policy_version": torch.from_numpy(self._cols["policy_version"][occupied]),
             "question_ids": torch.from_numpy(self._cols["question_id"][occupied]),
-            "behaviour_logps": [
-                torch.from_numpy(self._payload["behaviour_logps"][s]) for s in occupied.tolist()
-            ],
+            "behaviour_logps": list(torch.from_numpy(logps).split(completion.length[occupied].tolist())),
         }
 
     def entropies(self) -> Tensor:
@@ -526,19 +523,19 @@ class TrajectoryBuffer:
         loadable with `torch.load(weights_only=True)`."""
         occupied = self._occupied()
         slots = occupied[np.argsort(self._cols["seq"][occupied], kind="stable")]
-        rows = slots.tolist()
         state: dict[str, object] = {
             "slots": torch.from_numpy(slots.copy()),
             **{
                 name: torch.from_numpy(col[slots]) for name, col in self._cols.items() if name not in _DERIVED
             },
         }
-        for name, (_, _, dtype) in _TOKENS.items():
-            state[name] = torch.from_numpy(
-                np.concatenate([self._payload[name][s] for s in rows] or [np.zeros(0, dtype)])
+        for store, (_, length_key, _) in _TOKENS.items():
+            state[length_key] = torch.from_numpy(self._tokens[store].length[slots])
+            state.update(
+                {name: torch.from_numpy(rows) for name, rows in self._tokens[store].rows(slots).items()}
             )
         for name in _TEXTS:
-            state[name] = [self._payload[name][s] for s in rows]
+            state[name] = self._texts[name][slots].tolist()
         state.update(
             domain_names=list(self._domain_names),
             next_seq=self._next_seq,
@@ -564,14 +561,13 @@ class TrajectoryBuffer:
                 self._cols[name][slots] = state[name][keep].numpy()
         self._cols["occupied"][slots] = True
         self._cols["qidx"][slots] = self._bucketer.dense_index(self._cols["question_id"][slots])
-        for name, (_, length_name, _) in _TOKENS.items():
-            flat = state[name].numpy()
-            values = np.split(flat, np.cumsum(state[length_name].numpy())[:-1])[keep]
-            for slot, value in zip(slots.tolist(), values, strict=True):
-                self._payload[name][slot] = value
+        for store, (_, length_key, fields) in _TOKENS.items():
+            lengths = state[length_key].numpy()
+            first = int(lengths[: keep.start].sum())  # elements of the rows that did not fit
+            flat = {name: state[name].numpy()[first:] for name in fields}
+            self._tokens[store].write(slots, lengths[keep], flat)
         for name in _TEXTS:
-            for slot, value in zip(slots.tolist(), state[name][keep], strict=True):
-                self._payload[name][slot] = value
+            self._texts[name][slots] = state[name][keep]
         self._size = len(slots)
         free = np.ones(self._high_water, dtype=bool)
         free[slots] = False
@@ -615,21 +611,6 @@ def _batch_from_seed_dict(trajectory: Mapping) -> RolloutBatch:
 def _numpy(t: Tensor) -> np.ndarray:
     t = t.detach().cpu()
     return (t.float() if t.is_floating_point() else t).numpy()
-
-
-# `exgrpo_pl.batch.pad_sequences` makes two tensor writes per row, several ms for 256 rows; these two make
-# the same layout (zero padding) with one masked NumPy write.
-def _padding_mask(lengths: np.ndarray, left: bool) -> np.ndarray:
-    width = int(lengths.max(initial=0))
-    positions = np.arange(width)
-    return positions >= (width - lengths)[:, None] if left else positions < lengths[:, None]
-
-
-def _pad(rows: list[np.ndarray], mask: np.ndarray, dtype: type) -> Tensor:
-    out = np.zeros(mask.shape, dtype=dtype)
-    if rows:
-        out[mask] = np.concatenate(rows)  # a boolean-mask write fills row by row, left to right
-    return torch.from_numpy(out)
 
 
 def _percentile(values: np.ndarray, q: float) -> float:

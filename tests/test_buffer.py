@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
-from exgrpo_pl.buffer import STRATEGIES, TrajectoryBuffer, _pad, _padding_mask, resolve_strategy
+from exgrpo_pl.buffer import STRATEGIES, TrajectoryBuffer, resolve_strategy
 from exgrpo_pl.difficulty import DifficultyBucketer
 
 
@@ -441,12 +441,3 @@ def test_invariants_under_random_adds(groups, max_size, strategy):
     if strategy != "medium_difficulty_low_entropy":
         assert len(set(batch.question_ids.tolist())) == len(batch)  # one trajectory per question
     assert len(set(batch.completions)) == len(batch)
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(0, 7), max_size=10), st.booleans())
-def test_padding_matches_pad_sequences(lengths, left):
-    rows = [np.arange(1, n + 1, dtype=np.int32) * (i + 1) for i, n in enumerate(lengths)]
-    mask = _padding_mask(np.array(lengths, dtype=np.int64), left)
-    ref, ref_mask = pad_sequences([torch.from_numpy(r).long() for r in rows], left=left)
-    assert torch.equal(_pad(rows, mask, np.int64), ref) and torch.equal(torch.from_numpy(mask), ref_mask)

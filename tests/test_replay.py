@@ -155,12 +155,13 @@ def test_validation_errors():
 
 
 def test_core_modules_import_no_framework():
-    """difficulty <- buffer <- replay import only the standard library, NumPy, torch and each other."""
+    """difficulty, ragged <- buffer <- replay import only the standard library, NumPy, torch and each other."""
     allowed = {"__future__", "collections", "heapq", "math", "warnings", "zlib", "numpy", "torch"}
     package = Path(exgrpo_pl.__file__).parent
     own = {
         "difficulty": set(),
-        "buffer": {"batch", "difficulty"},
+        "ragged": set(),
+        "buffer": {"batch", "difficulty", "ragged"},
         "replay": {"batch", "buffer", "difficulty"},
     }
     for name, internal in own.items():
