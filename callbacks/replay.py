@@ -10,6 +10,7 @@ step chooses between an on-policy batch and experience. Works with any module th
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule
 from exgrpo_pl.replay import SelectiveReplay
-from exgrpo_pl.strategies import needs_synced_generation
+from exgrpo_pl.strategies import needs_synced_generation, zero_stage
 
 
 class ReplayCallback(Callback):
@@ -94,6 +95,7 @@ class ReplayCallback(Callback):
         self.fallback_steps = 0
         self.replayed_steps = 0
         self._timings: dict[str, float] = {}
+        self._rank_writes_own_file = False  # DeepSpeed ZeRO-3: see state_dict()
 
     # ------------------------------------------------------------------------------ decisions
     def replay_active(self, trainer: Trainer) -> bool:
@@ -108,6 +110,7 @@ class ReplayCallback(Callback):
                 f"ReplayCallback needs a module following exgrpo_pl.contract.ReplayableModule "
                 f"(num_generations, score_entropy and entropy_forwards); {type(pl_module).__name__} does not"
             )
+        self._rank_writes_own_file = zero_stage(trainer) == 3
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -188,8 +191,17 @@ class ReplayCallback(Callback):
     def state_dict(self) -> dict[str, Any]:
         """Tensors and primitives only (loads with `torch.load(weights_only=True)`).
 
-        Every rank keeps its own buffer; under DDP all ranks' states are gathered here (every rank runs
-        this hook, rank 0 writes), and each rank takes its own back on load.
+        Every rank keeps its own buffer; `"ranks"` holds rank states in rank order, and where they go depends
+        on who writes the checkpoint file:
+
+        - DDP, DeepSpeed ZeRO 0-2, one process: rank 0 alone writes the file that every rank reads back
+          (DeepSpeed: `checkpoint/mp_rank_00_model_states.pt`), so every rank's state is gathered here
+          (every rank runs this hook): `{"ranks": [rank 0's, ..., rank N-1's]}`.
+        - DeepSpeed ZeRO-3: DeepSpeed writes Lightning's client state, callback states included, into every
+          rank's own `checkpoint/zero_pp_rank_<r>_mp_rank_00_model_states.pt`, and each rank loads its own
+          file (`DeepSpeedEngine._get_ckpt_name`). Gathering would put all N buffers in each of the N files
+          and in each rank's memory while saving, so each rank saves only its own state, marked with its
+          rank: `{"ranks": [rank r's], "rank": r, "world_size": N}`.
         """
         own = {
             "buffer": self.buffer.state_dict(),
@@ -198,18 +210,45 @@ class ReplayCallback(Callback):
             "fallback_steps": self.fallback_steps,
             "replayed_steps": self.replayed_steps,
         }
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            ranks: list[Any] = [None] * dist.get_world_size()
+        rank, world_size = _rank_and_world_size()
+        if self._rank_writes_own_file:
+            return {"ranks": [own], "rank": rank, "world_size": world_size}
+        if world_size > 1:
+            ranks: list[Any] = [None] * world_size
             dist.all_gather_object(ranks, own)
             return {"ranks": ranks}
         return {"ranks": [own]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores this rank's own state, from either layout that `state_dict()` writes.
+
+        `"ranks"` holds the states of saved ranks `"rank"`, `"rank"` + 1, ... (no `"rank"`: from 0) of a run
+        of `"world_size"` ranks (none given: `len(ranks)`), and rank r takes saved rank r's. Where that is
+        missing, rank r takes entry `r % len(ranks)`, so ranks share buffers rather than start empty (the
+        decision generator and the replay phase are the same on all saved ranks); the rank warns about
+        that, as about any change of world size:
+
+        - a gathered checkpoint resumed by more ranks (a one-process checkpoint's state goes to every rank);
+          resumed by fewer, the buffers of the saved ranks beyond them are dropped.
+        - a ZeRO-3 file holds one rank's state, and each rank reads its own file. DeepSpeed refuses a plain
+          ZeRO-3 resume with another world size (a new rank has no file; the optimizer partitions are sized
+          for the old world), so a rank reads another's file only where every rank is handed rank 0's:
+          DeepSpeed's universal checkpoints, or one file made by Lightning's
+          `convert_zero_checkpoint_to_fp32_state_dict`. Every rank then starts from rank 0's state.
+        """
         ranks = state_dict["ranks"]
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        # With fewer saved ranks than running ones, ranks share saved buffers rather than start empty.
-        own = ranks[rank % len(ranks)]
+        first = state_dict.get("rank", 0)
+        saved_world_size = state_dict.get("world_size", len(ranks))
+        rank, world_size = _rank_and_world_size()
+        index = rank - first if first <= rank < first + len(ranks) else rank % len(ranks)
+        if first + index != rank or saved_world_size != world_size:
+            warnings.warn(
+                f"ReplayCallback: replay state saved by {saved_world_size} rank(s) is resumed by "
+                f"{world_size}: rank {rank} takes saved rank {first + index}'s buffer",
+                stacklevel=2,
+            )
+        own = ranks[index]
         self.buffer.load_state_dict(own["buffer"])
         self.replay.load_state_dict(own["replay"])
         self.pass_rate_reached = own["pass_rate_reached"]
@@ -273,6 +312,12 @@ def _all_ranks(trainer: Trainer, flag: bool) -> bool:
         torch.tensor(float(flag), device=trainer.strategy.root_device), reduce_op="mean"
     )
     return bool(agreed >= 1.0)
+
+
+def _rank_and_world_size() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def _union_across_ranks(ids) -> set[int]:

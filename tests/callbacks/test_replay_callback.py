@@ -1,9 +1,12 @@
 """ReplayCallback in real Trainer runs on a tiny model: swap, mix, fallbacks, triggers, checkpoints."""
 
+import warnings
+
 import pytest
 import torch
 from conftest import tiny_module
 from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.callbacks import replay as replay_callback
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
@@ -112,6 +115,41 @@ def test_buffer_survives_a_checkpoint_loaded_with_weights_only(tmp_path, tiny_mo
     sample = lambda cb: cb.replay.sample(cb.buffer, 4).question_ids.tolist()  # noqa: E731
     callback.replay.load_state_dict(state["ranks"][0]["replay"])
     assert sample(restored) == sample(callback)
+
+
+def saved_states(*saved_ranks):
+    """Replay states told apart by their `replayed_steps`, which is the saved rank's number."""
+    states = []
+    for rank in saved_ranks:
+        callback = ReplayCallback()
+        callback.replayed_steps = rank
+        states.append(callback.state_dict()["ranks"][0])
+    return states
+
+
+@pytest.mark.parametrize(
+    "state, rank, world_size, takes, warns",
+    [
+        ({"ranks": saved_states(0, 1)}, 1, 2, 1, False),  # gathered (DDP, ZeRO 0-2)
+        ({"ranks": saved_states(0, 1)}, 0, 1, 0, True),  # fewer ranks: rank 1's buffer is dropped
+        ({"ranks": saved_states(0, 1)}, 2, 3, 0, True),  # more ranks: they share saved buffers
+        ({"ranks": saved_states(0)}, 1, 2, 0, True),  # a one-process checkpoint goes to every rank
+        ({"ranks": saved_states(1), "rank": 1, "world_size": 2}, 1, 2, 1, False),  # ZeRO-3: own file
+        ({"ranks": saved_states(0), "rank": 0, "world_size": 2}, 1, 2, 0, True),  # handed rank 0's file
+        ({"ranks": saved_states(0), "rank": 0, "world_size": 2}, 3, 4, 0, True),  # ... by more ranks
+    ],
+)
+def test_each_rank_takes_its_own_saved_state_or_warns(monkeypatch, state, rank, world_size, takes, warns):
+    monkeypatch.setattr(replay_callback, "_rank_and_world_size", lambda: (rank, world_size))
+    restored = ReplayCallback()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored.load_state_dict(state)
+    assert restored.replayed_steps == takes
+    messages = [str(w.message) for w in caught if "ReplayCallback" in str(w.message)]
+    assert len(messages) == int(warns)
+    if warns:
+        assert messages[0].endswith(f"rank {rank} takes saved rank {takes}'s buffer")
 
 
 def test_retired_questions_leave_on_policy_sampling(tmp_path, tiny_model_dir):

@@ -3,10 +3,11 @@
 Lightning's `DeepSpeedStrategy.save_checkpoint` hands DeepSpeed the checkpoint dict minus `state_dict` and
 `optimizer_states` as `client_state`; DeepSpeed pickles it into `checkpoint/mp_rank_00_model_states.pt`
 (dp rank 0 only) or, under ZeRO-3, into every rank's `checkpoint/zero_pp_rank_<r>_mp_rank_00_model_states.pt`,
-and `load_checkpoint` returns it, from which Lightning restores the callbacks. These tests run DeepSpeed's
-real engine and Lightning's real strategy on the CPU (gloo). The one thing faked: `DeepSpeedStrategy`
-refuses a non-CUDA accelerator in `setup_environment`, which `CPUDeepSpeedStrategy` skips; CPU devices get
-an index, which DeepSpeed needs as its device rank.
+and `load_checkpoint` returns it, from which Lightning restores the callbacks. So `ReplayCallback` gathers
+every rank's replay state into that one file under ZeRO 0-2, and under ZeRO-3 leaves each rank's own in its
+file. These tests run DeepSpeed's real engine and Lightning's real strategy on the CPU (gloo). The one
+thing faked: `DeepSpeedStrategy` refuses a non-CUDA accelerator in `setup_environment`, which
+`CPUDeepSpeedStrategy` skips; CPU devices get an index, which DeepSpeed needs as its device rank.
 """
 
 import multiprocessing
@@ -83,9 +84,19 @@ def in_a_fresh_process(target, *args) -> None:
 
 
 class Linear(LightningModule):
+    """Something for DeepSpeed to wrap; nothing here calls the replay contract's methods."""
+
+    num_generations = 2
+
     def __init__(self):
         super().__init__()
         self.layer = torch.nn.Linear(4, 2)
+
+    def score_entropy(self, rollouts, num_forwards=None):
+        raise NotImplementedError
+
+    def entropy_forwards(self, rollouts):
+        raise NotImplementedError
 
 
 def attached_trainer(stage: int, callback: ReplayCallback) -> Trainer:
@@ -99,6 +110,7 @@ def attached_trainer(stage: int, callback: ReplayCallback) -> Trainer:
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage}}
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
     strategy.model, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+    callback.setup(trainer, module, "fit")  # as fit does, before any checkpoint is saved or restored
     return trainer
 
 
@@ -133,6 +145,11 @@ def test_deepspeed_checkpoint_directory_holds_and_restores_the_buffer(stage, tmp
     model_states = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
     assert (path / "checkpoint" / model_states).is_file()
     assert (path / "latest").read_text() == "checkpoint"
+    client = torch.load(path / "checkpoint" / model_states, weights_only=False)
+    (state,) = [v for k, v in client["callbacks"].items() if k.startswith("ReplayCallback")]
+    assert len(state["ranks"]) == 1
+    # ZeRO-3: each rank's file holds its own state, marked with its rank; ZeRO-2: the gathered states.
+    assert (state.get("rank"), state.get("world_size")) == ((0, 1) if stage == 3 else (None, None))
 
     in_a_fresh_process(restore, stage, path, tmp_path / "restored.pt")
     restored = torch.load(tmp_path / "restored.pt", weights_only=True)
@@ -196,14 +213,18 @@ def test_each_rank_resumes_its_own_buffer_from_a_deepspeed_checkpoint(stage, tmp
     fit_two_ranks(tmp_path, tiny_model_dir, stage, "saved", max_steps=3)
     last = tmp_path / "ckpt" / "last.ckpt"
     files = sorted(p.name for p in (last / "checkpoint").glob("*model_states.pt"))
-    if stage == 3:  # every rank writes (and later reads) its own file, each with the client state
+    if stage == 3:  # every rank writes (and later reads) its own file, each with its own replay state
         assert files == [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(2)]
-    else:  # dp rank 0 writes the one file every rank reads
+    else:  # dp rank 0 writes the one file every rank reads, with both ranks' replay states
         assert files == ["mp_rank_00_model_states.pt"]
-    for name in files:  # as DeepSpeed's TorchCheckpointEngine.load reads it
+    for rank, name in enumerate(files):  # as DeepSpeed's TorchCheckpointEngine.load reads it
         client = torch.load(last / "checkpoint" / name, weights_only=False)
         (state,) = [v for k, v in client["callbacks"].items() if k.startswith("ReplayCallback")]
-        assert len(state["ranks"]) == 2 and client["global_step"] == 3
+        assert client["global_step"] == 3
+        if stage == 3:
+            assert len(state["ranks"]) == 1 and (state["rank"], state["world_size"]) == (rank, 2)
+        else:
+            assert len(state["ranks"]) == 2 and "rank" not in state
 
     fit_two_ranks(tmp_path, tiny_model_dir, stage, "resumed", max_steps=4, ckpt_path=last)
     saved = [torch.load(tmp_path / f"saved_rank{r}.pt", weights_only=True) for r in range(2)]
