@@ -292,13 +292,10 @@ class TrajectoryBuffer:
         if batch.domains is None:
             cols["domain"][slots] = -1
         else:
+            names = [batch.domains[r] for r in rows.tolist()]
+            self._domain_names += sorted(set(names).difference(self._domain_names))
             codes = {name: i for i, name in enumerate(self._domain_names)}
-            for slot, row in zip(slots.tolist(), rows.tolist(), strict=True):
-                name = batch.domains[row]
-                if name not in codes:
-                    codes[name] = len(self._domain_names)
-                    self._domain_names.append(name)
-                cols["domain"][slot] = codes[name]
+            cols["domain"][slots] = [codes[name] for name in names]
         for store, (mask_name, _, fields) in _TOKENS.items():
             mask = _numpy(getattr(batch, mask_name))[rows]
             flat = {
@@ -339,8 +336,9 @@ class TrajectoryBuffer:
         uniformly without replacement. Trajectory selection: "low_entropy_percentile" (the seed) keeps
         trajectories whose stored entropy is <= the `entropy_percentile`-th percentile of the candidates';
         "lowest_entropy" (the paper) / "highest_entropy" take per question the trajectory with the lowest /
-        highest entropy under the current policy, `entropy_fn(candidates)` called once on every stored
-        trajectory of the sampled questions (stored entropy when None); "random" takes one uniformly.
+        highest entropy under the current policy, `entropy_fn(candidates)` called at most once, on every
+        stored trajectory of the sampled questions that have more than one (stored entropy when None);
+        "random" takes one uniformly.
         "medium_range" with "low_entropy_percentile" samples trajectories uniformly (the seed's unit); every
         other pair samples questions, one trajectory each. Retired questions are never sampled; with fewer
         eligible than `size`, fewer rows (possibly none) come back.
@@ -415,12 +413,17 @@ class TrajectoryBuffer:
             key = torch.rand(len(pool), generator=generator, dtype=torch.float64).numpy()
         else:
             pool = np.flatnonzero(position[self._cols["qidx"][: self._high_water]] >= 0)
-            if entropy_fn is None or not len(pool):
-                key = self._cols["entropy"][pool].astype(np.float64)
-            else:
-                key = torch.as_tensor(entropy_fn(self._gather(pool))).detach().cpu().double().numpy()
-                if key.shape != pool.shape:
-                    raise ValueError(f"entropy_fn returned shape {key.shape}, expected ({len(pool)},)")
+            key = self._cols["entropy"][pool].astype(np.float64)
+            # A question with one stored trajectory has nothing to choose between: only the others are scored.
+            group = position[self._cols["qidx"][pool]]
+            contested = np.bincount(group, minlength=len(chosen))[group] > 1
+            if entropy_fn is not None and contested.any():
+                scores = torch.as_tensor(entropy_fn(self._gather(pool[contested])))
+                if scores.shape != (int(contested.sum()),):
+                    raise ValueError(
+                        f"entropy_fn returned shape {tuple(scores.shape)}, expected ({int(contested.sum())},)"
+                    )
+                key[contested] = scores.detach().cpu().double().numpy()
             key = -key if highest else key
         group = position[self._cols["qidx"][pool]]
         order = np.lexsort((key, group))  # by sampling position, then best key first

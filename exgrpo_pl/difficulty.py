@@ -170,7 +170,8 @@ class DifficultyBucketer:
         self._add_questions([q for q in groups if q not in self._index])
         cols = self._cols
         if domains is not None:
-            for q, d in zip(qids, domains, strict=True):
+            last_domain = dict(zip(qids, domains, strict=True))  # a question keeps the last one seen
+            for q, d in last_domain.items():
                 cols["domain"][self._index[q]] = self._domain_code(d)
         retired_now = []
         for q, outcomes in groups.items():

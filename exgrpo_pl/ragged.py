@@ -70,17 +70,21 @@ class RaggedStore:
         lengths = self.length[slots]
         width = int(lengths.max(initial=0))
         positions = np.arange(width)
-        pad = width - lengths if left else np.zeros_like(lengths)
-        mask = (positions >= pad[:, None]) & (positions < (pad + lengths)[:, None])
-        # Every position reads some element (padding reads a neighbour's, clipped into range) and padding is
-        # zeroed afterwards: one gather with no ragged index to build.
-        index = np.clip((self.offset[slots] - pad)[:, None] + positions, 0, max(self.end - 1, 0))
+        if left:
+            first = self.offset[slots] - (width - lengths)  # arena index of each row's position 0
+            padding = positions < (width - lengths)[:, None]
+        else:
+            first = self.offset[slots]
+            padding = positions >= lengths[:, None]
+        # Every position reads some element (padding reads a neighbour's, clipped into range inside `take`)
+        # and is zeroed afterwards: one gather, no ragged index to build, no temporary for the clipping.
+        index = first[:, None] + positions
         out = {}
         for name, values in self.fields.items():
-            rows = values[index]
-            rows[~mask] = 0
+            rows = np.take(values, index, mode="clip") if len(values) else np.zeros(index.shape, values.dtype)
+            np.copyto(rows, 0, where=padding)
             out[name] = rows
-        return out, mask
+        return out, ~padding
 
     @property
     def capacity(self) -> int:

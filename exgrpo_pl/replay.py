@@ -75,7 +75,8 @@ class SelectiveReplay:
 
     @property
     def rescores(self) -> bool:
-        """Whether `sample` calls `entropy_fn`, i.e. runs the policy on stored trajectories."""
+        """Whether `sample` may call `entropy_fn`, i.e. run the policy on stored trajectories (it does when a
+        sampled question has more than one)."""
         return self.trajectory_selection in RESCORING_SELECTIONS
 
     def medium_range(self, buffer: TrajectoryBuffer) -> tuple[float, float]:

@@ -288,6 +288,23 @@ def test_entropy_fn_wins_over_stored_entropy(selection):
     assert set(np.round(stored.entropy.tolist(), 4)) == expected
 
 
+def test_questions_with_one_stored_trajectory_are_not_rescored():
+    buffer = no_retire()
+    buffer.add(make_batch([1, 1, 2, 3], [1, 1, 1, 1], entropy=[0.1, 0.2, 0.3, 0.4]))
+    scored = []
+
+    def entropy_fn(candidates):
+        scored.append(sorted(candidates.question_ids.tolist()))
+        return torch.zeros(len(candidates))
+
+    sample = {"question_sampling": "uniform", "entropy_fn": entropy_fn, "size": 3}
+    batch = buffer.sample("gaussian_lowest_entropy", **sample)
+    assert sorted(batch.question_ids.tolist()) == [1, 2, 3]
+    buffer.remove_questions([1])
+    assert len(buffer.sample("gaussian_lowest_entropy", **sample)) == 2
+    assert scored == [[1, 1]]  # only question 1 had a choice, and only while it was stored
+
+
 def test_gaussian_sampling_matches_bucket_weights():
     buffer = TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=8))
     counts = [1, 2, 3, 4, 4, 5, 6, 7]  # two questions share the 0.5 bucket
