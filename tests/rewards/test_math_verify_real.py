@@ -1,12 +1,17 @@
 """MathVerifyReward with the real math-verify package: equivalent forms, wrong, malformed, empty, huge and
-adversarial answers, and the per-row time limit firing on answers that really hang SymPy.
+adversarial answers, and the per-row time limit firing on answers that really hang math-verify.
 
 The pathological answers were found by experiment with math-verify 0.9 / SymPy 1.14: verifying
 `9^{9^{9^{9}}}` against a number runs for minutes (SymPy evaluates the tower), and parsing deeply nested
-parentheses grows exponentially with the depth (depth 10 already takes about half a second).
+parentheses grows exponentially with the depth (in ANTLR's parser; depth 10 already takes about half a
+second, and depth 50 takes 15 to 25 s).
+
+The tests share one reward per time limit, so most rows reuse a running worker; every row after a timeout
+pays for a new one (about a second).
 """
 
-import signal
+import functools
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -21,16 +26,22 @@ from exgrpo_pl.rewards import MathVerifyReward  # noqa: E402
 MATH = Path(__file__).parents[1] / "data" / "samples" / "math_problem_solution.jsonl"
 MATH_COLUMNS = {"prompt_column": "problem", "answer_column": "solution", "answer_from": "boxed"}
 TOWER = r"\boxed{9^{9^{9^{9}}}}"
-# Deeply nested brackets make math-verify's parser slow inside C code (regular expressions), where the
-# signal-based time limit cannot interrupt it: a known gap (a process-based limit would close it), so they
-# are not among the timed cases below.
-# Wall-clock allowance on top of the time limit: imports, SymPy's first-call warm-up, a loaded CI machine.
+NESTED = r"\boxed{" + "(" * 50 + "1" + ")" * 50 + "}"
+# Wall-clock allowance on top of the time limit, for a loaded CI machine.
 SLACK = 2.0
+# Wall-clock allowance for starting a worker (a fresh interpreter importing SymPy) on a loaded machine.
+START = 5.0
+
+
+@functools.cache
+def shared_reward(timeout_seconds):
+    return MathVerifyReward(timeout_seconds=timeout_seconds)
 
 
 def score(completion, answer, timeout_seconds=1.0):
     """Scores one row, ignoring time-limit warnings; asserts a float 0.0/1.0 within the limit plus slack."""
-    reward = MathVerifyReward(timeout_seconds=timeout_seconds)
+    reward = shared_reward(timeout_seconds)
+    assert reward(["p"], [r"\boxed{1}"], answer=["1"]) == [1.0]  # a running worker: its start is not timed
     started = time.monotonic()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="math-verify ran over")
@@ -138,41 +149,63 @@ def test_huge_completion_with_a_correct_final_box():
     assert score("Let me think. " * 15_000 + r"\boxed{\frac{1}{2}}", "0.5") == 1.0
 
 
+# Each row that times out costs the next row a worker start (about a second): the default run keeps the
+# nested parentheses, which hang the parser (test_time_limit_fires has the tower, which hangs SymPy); the
+# others are slow tests.
 @pytest.mark.parametrize(
     "completion",
     [
-        TOWER,
-        r"\boxed{9^{9^{9}}}",
-        r"\boxed{2^{2^{30}}}",
-        r"\boxed{10^{10^{8}}}",
-        r"\boxed{(10^{8})!}",
-        r"\boxed{100!!}",
+        pytest.param(TOWER, id="tower", marks=pytest.mark.slow),
+        pytest.param(NESTED, id="nested-parens"),
+        pytest.param(r"\boxed{9^{9^{9}}}", id="tower3", marks=pytest.mark.slow),
+        pytest.param(r"\boxed{2^{2^{30}}}", id="double-power", marks=pytest.mark.slow),
+        pytest.param(r"\boxed{10^{10^{8}}}", id="huge-power", marks=pytest.mark.slow),
+        pytest.param(r"\boxed{(10^{8})!}", id="factorial", marks=pytest.mark.slow),
+        pytest.param(r"\boxed{100!!}", id="double-factorial", marks=pytest.mark.slow),
     ],
-    ids=["tower", "tower3", "double-power", "huge-power", "factorial", "double-factorial"],
 )
 def test_adversarial_answers_score_zero_in_time(completion):
     assert score(completion, "1", timeout_seconds=0.5) == 0.0
 
 
-@pytest.mark.parametrize("completion", [TOWER], ids=["verify-hangs"])
+@pytest.mark.parametrize("completion", [TOWER, NESTED], ids=["verify-hangs", "parse-hangs"])
 def test_time_limit_fires(completion):
-    reward = MathVerifyReward(timeout_seconds=0.5)
-    handler = signal.getsignal(signal.SIGALRM)
+    reward = shared_reward(0.5)
+    assert reward(["p"], ["1"], answer=["1"]) == [1.0]  # a running worker
     started = time.monotonic()
     with pytest.warns(UserWarning, match=r"math-verify ran over 0\.5s on answer '1'; scored 0\.0"):
         assert reward(["p"], [completion], answer=["1"]) == [0.0]
     assert time.monotonic() - started < 0.5 + SLACK
-    # Nothing is left behind: no pending timer, the SIGALRM handler is put back, and the next row works.
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    assert signal.getsignal(signal.SIGALRM) == handler
+    # The worker that had the row is gone; the next row gets a new one.
+    assert reward._worker is None
     assert reward(["p"], [r"\boxed{\frac{1}{2}}"], answer=["0.5"]) == [1.0]
 
 
 def test_each_row_gets_its_own_limit():
-    reward = MathVerifyReward(timeout_seconds=0.5)
-    completions = [r"\boxed{2}", TOWER, r"\boxed{0.25}", TOWER, r"\boxed{5}"]
+    reward = shared_reward(0.5)
+    completions = [r"\boxed{2}", TOWER, r"\boxed{0.25}", NESTED, r"\boxed{5}"]
     started = time.monotonic()
     with pytest.warns(UserWarning, match="ran over"):
         scores = reward(["p"] * 5, completions, answer=["2", "1", r"\frac{1}{4}", "1", "6"])
     assert scores == [1.0, 0.0, 1.0, 0.0, 0.0]
-    assert time.monotonic() - started < 2 * 0.5 + SLACK
+    # Up to three worker starts: maybe the first row's, and one after each timeout.
+    assert time.monotonic() - started < 2 * 0.5 + 3 * START + SLACK
+
+
+def test_time_limit_holds_off_the_main_thread():
+    reward = shared_reward(0.5)
+    assert reward(["p"], ["1"], answer=["1"]) == [1.0]  # a running worker
+    results, elapsed = [], []
+
+    def work():
+        started = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="math-verify ran over")
+            results.extend(reward(["p"], [NESTED], answer=["1"]))
+        elapsed.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=60)
+    assert results == [0.0]
+    assert elapsed[0] < 0.5 + SLACK, f"took {elapsed[0]:.2f}s"
