@@ -67,9 +67,12 @@ class StepClock(Callback):
         if batch_idx < self.warmup:
             return
         self.steps.append(time.perf_counter() - self._started)
-        metrics = trainer.callback_metrics
-        self.bookkeeping.append(sum(float(metrics.get(key, 0.0)) for key in BOOKKEEPING))
-        self.generation.append(float(metrics["timing/generation"]))
+        # Read from the objects, not the logged metrics: those are written every `log_every_n_steps` only.
+        replay = [c for c in trainer.callbacks if isinstance(c, ReplayCallback)]
+        self.bookkeeping.append(
+            sum(replay[0].last_timings.get(key, 0.0) for key in BOOKKEEPING) if replay else 0.0
+        )
+        self.generation.append(pl_module.last_step_metrics["timing/generation"])
 
 
 def run(variant: str, steps: int, workdir: Path) -> StepClock:

@@ -22,6 +22,7 @@ from typing_extensions import override
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule
+from exgrpo_pl.logging_steps import writes_step_metrics
 from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.strategies import needs_synced_generation, zero_stage
 
@@ -94,7 +95,9 @@ class ReplayCallback(Callback):
         self.pass_rate_reached = start_pass_rate is None
         self.fallback_steps = 0
         self.replayed_steps = 0
-        self._timings: dict[str, float] = {}
+        # Seconds of this step's replay bookkeeping (buffer add, sampling, rescoring); logged on logging
+        # steps, readable on every step (benchmarks/overhead.py sums them).
+        self.last_timings: dict[str, float] = {}
         self._rank_writes_own_file = False  # DeepSpeed ZeRO-3: see state_dict()
 
     # ------------------------------------------------------------------------------ decisions
@@ -128,7 +131,7 @@ class ReplayCallback(Callback):
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
+        self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
         if not self.replay_active(trainer) or not self.replay.should_replay():
             return
         questions = len(batch["prompt"])
@@ -143,8 +146,8 @@ class ReplayCallback(Callback):
         experience = self.replay.sample(self.buffer, size, entropy_fn=rescoring)
         # Before any other collective (the all-reduce below is one), so every rank's sequence matches.
         rescoring.join(experience)
-        self._timings["timing/replay_rescore"] = rescoring.seconds
-        self._timings["timing/replay_sample"] = time.perf_counter() - started - rescoring.seconds
+        self.last_timings["timing/replay_rescore"] = rescoring.seconds
+        self.last_timings["timing/replay_sample"] = time.perf_counter() - started - rescoring.seconds
         if not _all_ranks(trainer, len(experience) > 0):
             self.fallback_steps += 1
             return
@@ -163,10 +166,12 @@ class ReplayCallback(Callback):
             self.pass_rate_reached = float(pass_rate) > self.start_pass_rate
         started = time.perf_counter()
         self.buffer.add(rollouts.to("cpu"))
-        self._timings["timing/replay_add"] = time.perf_counter() - started
+        self.last_timings["timing/replay_add"] = time.perf_counter() - started
         self._log(trainer, pl_module, rollouts)
 
     def _log(self, trainer: Trainer, pl_module: LightningModule, rollouts) -> None:
+        if not writes_step_metrics(trainer):  # only when a logger will see it: tier counts scan the buffer
+            return
         replayed = rollouts.replayed
         metrics = {
             "replay/active": float(self.replay_active(trainer)),
@@ -175,15 +180,13 @@ class ReplayCallback(Callback):
             "replay/retired": float(len(self.buffer.bucketer.retired)),
             "replay/fallback_steps": float(self.fallback_steps),
             "replay/replayed_steps": float(self.replayed_steps),
-            **self._timings,
+            **self.last_timings,
         }
         if bool(replayed.any()):
             staleness = trainer.global_step - rollouts.policy_version[replayed].float()
             metrics["replay/staleness"] = staleness.mean().item()
-        # Tier counts scan the whole buffer: only on the steps the trainer logs anyway.
-        if trainer.global_step % trainer.log_every_n_steps == 0:
-            for tier, count in enumerate(self.buffer.stats()["tier_counts"].tolist()):
-                metrics[f"replay/tier_{tier}"] = float(count)
+        for tier, count in enumerate(self.buffer.stats()["tier_counts"].tolist()):
+            metrics[f"replay/tier_{tier}"] = float(count)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollouts))
 
     # ---------------------------------------------------------------------------- checkpoints

@@ -24,6 +24,7 @@ from transformers import get_scheduler
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
 from exgrpo_pl.contract import Experience
+from exgrpo_pl.logging_steps import writes_step_metrics
 from exgrpo_pl.losses import (
     LOSS_TYPES,
     OFF_POLICY_CORRECTIONS,
@@ -159,6 +160,9 @@ class ExGRPOModule(LightningModule):
         self.test_pass_at_1 = MeanMetric()
         self.num_tokens = 0  # prompt + completion tokens trained on (TRL's num_tokens)
         self.generated_tokens = 0  # completion tokens sampled; replay saves these, so budgets compare on it
+        # The last training step's seconds per phase ("timing/*") and per-function reward means, as floats:
+        # logged on logging steps, readable on every step.
+        self.last_step_metrics: dict[str, float] = {}
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
@@ -206,6 +210,7 @@ class ExGRPOModule(LightningModule):
         update_started = time.perf_counter()
         stats = self._update(rollouts)
         metrics["timing/forward_backward"] = time.perf_counter() - update_started
+        self.last_step_metrics = metrics
         self._log_step(rollouts, stats, metrics, time.perf_counter() - started)
         return {"loss": stats["loss"], "rollouts": rollouts}
 
@@ -473,12 +478,17 @@ class ExGRPOModule(LightningModule):
     def _log_step(
         self, rollouts: RolloutBatch, stats: dict[str, Tensor], metrics: dict, step_time: float
     ) -> None:
+        reward, pass_rate = rollouts.rewards.mean(), rollouts.correct.float().mean()
+        self.log("reward", reward, prog_bar=True, logger=False, batch_size=len(rollouts))
+        self.log("pass@1", pass_rate, prog_bar=True, logger=False, batch_size=len(rollouts))
+        if not writes_step_metrics(self.trainer):  # the full set only when a logger will see it
+            return
         lengths = rollouts.completion_lengths.float()
         _, truncated = completion_mask_from_ids(rollouts.completion_ids, self.eos_token_ids)
         metrics = {
             **{key: torch.tensor(value) for key, value in metrics.items()},
-            "train/reward": rollouts.rewards.mean(),
-            "train/pass@1": rollouts.correct.float().mean(),
+            "train/reward": reward,
+            "train/pass@1": pass_rate,
             "train/completions/mean_length": lengths.mean(),
             "train/completions/clipped_ratio": truncated.float().mean(),
             "train/entropy": rollouts.entropy.mean(),
@@ -493,8 +503,6 @@ class ExGRPOModule(LightningModule):
             metrics["train/reward_std"] = group_std.mean()
             metrics["train/frac_reward_zero_std"] = (group_std == 0).float().mean()
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollouts))
-        self.log("reward", metrics["train/reward"], prog_bar=True, logger=False, batch_size=len(rollouts))
-        self.log("pass@1", metrics["train/pass@1"], prog_bar=True, logger=False, batch_size=len(rollouts))
 
     # -------------------------------------------------------------------------------- evaluation
     def _pass_rate(self, batch: dict) -> Tensor:

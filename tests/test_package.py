@@ -23,5 +23,7 @@ def test_seed_defaults_are_the_public_defaults():
     assert (bucketer.metric, bucketer.window_size) == ("correctness_rate", 100)
     replay = SelectiveReplay()
     assert (replay.strategy, replay.replay_probability, replay.medium_difficulty_range) == (
-        "entropy_guided", 0.3, (0.3, 0.7)
+        "entropy_guided",
+        0.3,
+        (0.3, 0.7),
     )
