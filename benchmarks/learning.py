@@ -74,8 +74,11 @@ class TokenBudget(Callback):
             trainer.should_stop = True
 
 
-def run(name: str, seed: int, budget: int, workdir: Path, threads: int) -> list[tuple[float, float]]:
-    """One training run of a variant; returns (generated tokens, val pass@1) at every validation, from 0."""
+def run(
+    name: str, seed: int, budget: int, workdir: Path, threads: int, callbacks: list[Callback] = ()
+) -> list[tuple[float, float]]:
+    """One training run of a variant (with extra `callbacks`); returns (generated tokens, val pass@1) at
+    every validation, from 0."""
     torch.set_num_threads(threads)
     config, change = VARIANTS[name]
     args = [
@@ -86,7 +89,7 @@ def run(name: str, seed: int, budget: int, workdir: Path, threads: int) -> list[
     cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
     if change is not None:
         change(cli)
-    cli.trainer.callbacks.append(TokenBudget(budget))
+    cli.trainer.callbacks.extend([TokenBudget(budget), *callbacks])
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     events = EventAccumulator(cli.trainer.logger.log_dir)
     events.Reload()
