@@ -33,11 +33,16 @@ ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def _paper_ablation(replay: dict | None = None, callback: dict | None = None, module: dict | None = None):
-    """A variant of the paper preset: attributes of its SelectiveReplay, ReplayCallback or module changed."""
+def _paper_ablation(
+    replay: dict | None = None, callback: dict | None = None, module: dict | None = None, no_replay=False
+):
+    """A variant of the paper preset: attributes of its SelectiveReplay, ReplayCallback or module changed,
+    or its ReplayCallback removed (`no_replay`: the paper's loss and advantages, without experience)."""
 
     def apply(cli) -> None:
         replay_callback = next(c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback))
+        if no_replay:
+            cli.trainer.callbacks.remove(replay_callback)
         for key, value in (replay or {}).items():
             setattr(replay_callback.replay, key, value)
         for key, value in (callback or {}).items():
@@ -59,6 +64,9 @@ VARIANTS = {
     "no policy shaping": ("exgrpo_paper", _paper_ablation(module={"off_policy_correction": "none"})),
     "rho 0.25": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.25})),
     "rho 0.75": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.75})),
+    # Not one of the paper's ablations: GRPO as the paper preset trains it (advantage r - mean, entropy
+    # bonus), which separates what replay does from what the preset's loss settings do.
+    "paper without replay": ("exgrpo_paper", _paper_ablation(no_replay=True)),
 }
 QUICK = ("GRPO", "ExGRPO paper", "ExGRPO seed")
 
@@ -111,12 +119,19 @@ def main() -> None:
     parser.add_argument(
         "--jobs", type=int, default=1, help="runs at a time, each with 2 / jobs threads (min 1)"
     )
+    parser.add_argument(
+        "--variants", nargs="+", choices=VARIANTS, help="run only these; the other variants' results are kept"
+    )
     args = parser.parse_args()
-    names = QUICK if args.quick else tuple(VARIANTS)
+    names = args.variants or (QUICK if args.quick else tuple(VARIANTS))
     seeds = range(args.seeds or (2 if args.quick else 3))
     suffix = "_quick" if args.quick else ""
     threads = max(1, 2 // args.jobs)
-    curves: dict[str, list] = {name: [] for name in names}
+    kept = {}
+    if args.variants and (RESULTS / f"learning{suffix}.json").exists():
+        previous = json.loads((RESULTS / f"learning{suffix}.json").read_text())
+        kept = {name: entry["curves"] for name, entry in previous.items() if name not in names}
+    curves: dict[str, list] = {**kept, **{name: [] for name in names}}
     # The tiny model's matmuls barely use a second thread, so two one-thread runs side by side finish
     # sooner than two two-thread runs one after the other. Results do not depend on it (seeded runs).
     context = multiprocessing.get_context("spawn")
