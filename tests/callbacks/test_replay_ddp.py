@@ -17,6 +17,23 @@ from exgrpo_pl.replay import SelectiveReplay
 pytestmark = pytest.mark.multiprocess
 
 
+def fit_two_ranks(module, callbacks, max_steps, **trainer_kwargs) -> None:
+    """`module` trained by two forked CPU processes (gloo) on the arithmetic task, 2 prompts per step."""
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_fork",
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=callbacks,
+        **trainer_kwargs,
+    )
+    trainer.fit(module, datamodule=PromptDataModule(synthetic=ArithmeticTask(64, seed=1), batch_size=2))
+
+
 class RecordDecisions(Callback):
     """Writes, per rank, whether each step replayed and how many rows its buffer holds."""
 
@@ -44,19 +61,7 @@ def test_every_rank_takes_the_same_replay_decisions_and_checkpoints_keep_each_bu
         replay=SelectiveReplay(strategy="uniform", replay_probability=0.5),
     )
     module = tiny_module(tiny_model_dir, num_generations=2, max_completion_length=3)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp_fork",
-        max_steps=6,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        callbacks=[replay, RecordDecisions(tmp_path)],
-    )
-    trainer.fit(module, datamodule=PromptDataModule(synthetic=ArithmeticTask(64, seed=1), batch_size=2))
+    fit_two_ranks(module, [replay, RecordDecisions(tmp_path)], max_steps=6, default_root_dir=tmp_path)
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["steps"] == ranks[1]["steps"]
@@ -132,19 +137,7 @@ def test_rescoring_runs_the_same_number_of_forwards_on_every_rank_when_synced(
     module = tiny_module(
         tiny_model_dir, num_generations=2, max_completion_length=3, micro_batch_size=micro_batch_size
     )
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp_fork",
-        max_steps=5,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        limit_val_batches=0,
-        callbacks=[callback],
-    )
-    trainer.fit(module, datamodule=PromptDataModule(synthetic=ArithmeticTask(64, seed=1), batch_size=2))
+    fit_two_ranks(module, [callback], max_steps=5, enable_checkpointing=False)
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     needed = [[-(-n // micro_batch_size) for n in rank["candidates"]] for rank in ranks]
