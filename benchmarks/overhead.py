@@ -53,7 +53,9 @@ def replay_callback(variant: str) -> ReplayCallback:
 
 
 class StepClock(Callback):
-    """Wall time of whole steps (hooks included) and the callback's bookkeeping times, after warm-up."""
+    """Wall time per step, from one batch start to the next, and each step's bookkeeping and generation
+    seconds, after `warmup` steps. It must be the first callback: its batch start then precedes the
+    ReplayCallback's sampling, and the interval holds every hook of the step, the buffer add included."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
@@ -62,19 +64,16 @@ class StepClock(Callback):
         self.generation: list[float] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._started = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # Runs after ReplayCallback's hook (it is appended last), so the step includes the buffer add.
-        if batch_idx < self.warmup:
-            return
-        self.steps.append(time.perf_counter() - self._started)
-        # Read from the objects, not the logged metrics: those are written every `log_every_n_steps` only.
-        replay = [c for c in trainer.callbacks if isinstance(c, ReplayCallback)]
-        self.bookkeeping.append(
-            sum(replay[0].last_timings.get(key, 0.0) for key in BOOKKEEPING) if replay else 0.0
-        )
-        self.generation.append(pl_module.last_step_metrics["timing/generation"])
+        now = time.perf_counter()
+        if trainer.global_step > self.warmup:  # the step that just ended is past warm-up
+            self.steps.append(now - self._started)
+            # The previous step's figures, read from the objects before the ReplayCallback resets them (the
+            # logged metrics are written every `log_every_n_steps` only).
+            replay = [c for c in trainer.callbacks if isinstance(c, ReplayCallback)]
+            timings = replay[0].last_timings if replay else {}
+            self.bookkeeping.append(sum(timings.get(key, 0.0) for key in BOOKKEEPING))
+            self.generation.append(pl_module.last_step_metrics["timing/generation"])
+        self._started = now
 
 
 def run(variant: str, steps: int, workdir: Path) -> StepClock:
@@ -90,7 +89,7 @@ def run(variant: str, steps: int, workdir: Path) -> StepClock:
     if variant.startswith("ExGRPO"):
         cli.trainer.callbacks.append(replay_callback(variant))
     clock = StepClock(warmup=5)
-    cli.trainer.callbacks.append(clock)
+    cli.trainer.callbacks.insert(0, clock)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return clock
 
