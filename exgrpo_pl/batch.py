@@ -161,18 +161,13 @@ def _pad_to(t: Tensor, width: int, left: bool) -> Tensor:
 
 def pad_sequences(rows: Sequence[Tensor], left: bool, pad_value: int | float = 0) -> tuple[Tensor, Tensor]:
     """Stack 1-D tensors of different lengths into `[N, max_len]` plus a bool mask of the real entries."""
-    width = max((len(r) for r in rows), default=0)
-    dtype = rows[0].dtype if rows else torch.long
-    out = torch.full((len(rows), width), pad_value, dtype=dtype)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        n = len(r)
-        if n == 0:
-            continue
-        if left:
-            out[i, width - n :] = r
-            mask[i, width - n :] = True
-        else:
-            out[i, :n] = r
-            mask[i, :n] = True
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    width = int(lengths.max()) if len(rows) else 0
+    positions = torch.arange(width)
+    mask = positions >= width - lengths.unsqueeze(1) if left else positions < lengths.unsqueeze(1)  # [N, W]
+    out = torch.full(mask.shape, pad_value, dtype=rows[0].dtype if len(rows) else torch.long)
+    if len(rows):
+        # A boolean-mask write fills row by row, left to right: one concatenation and one write, instead of
+        # two tensor writes per row.
+        out[mask] = torch.cat(list(rows))
     return out, mask
