@@ -175,7 +175,7 @@ def _plot(curves: dict, path: Path, budget: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
     for name, runs in curves.items():
         points = min(len(c) for c in runs)
         xs = [statistics.mean(c[i][0] for c in runs) / 1000 for i in range(points)]
@@ -186,7 +186,7 @@ def _plot(curves: dict, path: Path, budget: int) -> None:
     ax.set_ylabel("val pass@1 (mean over seeds)")
     ax.set_title(f"embedded arithmetic task, budget {budget // 1000}K generated tokens")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the curves, not over them
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -143,12 +143,12 @@ def _plot(result: dict, path: Path) -> None:
     book = [s * statistics.mean(result[n]["bookkeeping_share"]) for s, n in zip(steps, names)]
     gen = [statistics.mean(result[n]["generation_s"]) for n in names]
     rest = [s - b - g for s, b, g in zip(steps, book, gen)]
-    fig, ax = plt.subplots(figsize=(6, 3.4))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
     ax.barh(names, gen, label="generation")
     ax.barh(names, rest, left=gen, label="forward/backward and the rest")
     ax.barh(names, book, left=[g + r for g, r in zip(gen, rest)], label="replay bookkeeping")
     ax.set_xlabel("seconds per step")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)  # below, off the bars
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
