@@ -5,7 +5,7 @@ cost an object header per row and a Python-level loop per gather; here every fie
 is (offset, length), and gathering 256 padded rows is a few vectorised ops. Freed rows leave holes that are
 compacted away once they exceed 1/16 of the live payload, so the payload's resident memory stays within
 1.0625x of it (benchmarks/buffer.py: 1.19x overall after evicting half a 100K buffer, metadata included; at
-1/8 it was 1.26x, for 35% more add throughput when full).
+1/8 it was 1.26x; compaction copies the live rows, which the adds when full pay for).
 Plain NumPy, no torch.
 """
 
