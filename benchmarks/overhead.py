@@ -99,8 +99,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, help="override the rounds (quick 3, full 5)")
+    parser.add_argument("--steps", type=int, help="override the steps per run, > 5 (quick 40, full 100)")
     args = parser.parse_args()
     rounds, steps = (3, 40) if args.quick else (5, 100)
+    rounds, steps = args.rounds or rounds, args.steps or steps
     variants = ("GRPO", LOG_EVERY_STEP, "ExGRPO mix", "ExGRPO mix capped", "ExGRPO swap")
     clocks: dict[str, list[StepClock]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,8 +14,10 @@ from lightning.pytorch import Trainer
 def writes_step_metrics(trainer: Trainer) -> bool:
     """Whether metrics logged in this training step reach the loggers.
 
-    True on Lightning's logging steps (the check its own `LearningRateMonitor` makes), on an epoch's last
-    batch and on the run's last step (`max_steps`). Call it in `training_step` or a train-batch hook.
+    True on Lightning's logging steps (the check its own `LearningRateMonitor` makes, which includes a run
+    stopped by `should_stop`), on an epoch's last batch and on the run's last step (`max_steps`). Ask as late
+    in the step as possible: in the LightningModule's `on_train_batch_end`, which runs after every
+    callback's, a callback that stops the run on this step has already said so.
     """
     loop = trainer.fit_loop.epoch_loop
     epoch_ends = (

@@ -211,8 +211,14 @@ class ExGRPOModule(LightningModule):
         stats = self._update(rollouts)
         metrics["timing/forward_backward"] = time.perf_counter() - update_started
         self.last_step_metrics = metrics
-        self._log_step(rollouts, stats, metrics, time.perf_counter() - started)
+        self._step_record = (rollouts, stats, metrics, time.perf_counter() - started)
         return {"loss": stats["loss"], "rollouts": rollouts}
+
+    def on_train_batch_end(self, outputs: dict, batch: dict, batch_idx: int) -> None:
+        # Logged here, not in training_step: this hook runs after every callback's, so a callback that stops
+        # the run on this step (EarlyStopping, a token budget) has set `should_stop`, which makes Lightning
+        # write this step; `writes_step_metrics` then says so.
+        self._log_step(*self._step_record)
 
     def _collect(self, batch: dict, replayed: RolloutBatch | None, metrics: dict[str, float]) -> RolloutBatch:
         """Generate and score a batch; in mix mode each replayed question gets K-1 fresh rollouts."""

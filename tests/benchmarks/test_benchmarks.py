@@ -1,0 +1,60 @@
+"""The benchmark scripts still run end to end (tiny sizes, results into a temporary directory).
+
+They are measurements, not tests: these only keep them from rotting as the library changes. Marked slow.
+"""
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from exgrpo_pl.buffer import STRATEGIES
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    """Imports a benchmark script as a module, its RESULTS redirected to tmp_path, and runs its main()."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import one another; spawned workers too
+
+    def run(name: str, *argv: str):
+        module = importlib.import_module(name)
+        monkeypatch.setattr(module, "RESULTS", tmp_path)
+        monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
+        module.main()
+        return tmp_path
+
+    return run
+
+
+def test_buffer_benchmark(bench):
+    result = json.loads((bench("buffer", "--quick", "--samples", "3") / "buffer_quick.json").read_text())
+    assert result["size"] == 20_000 // 256 * 256
+    assert set(result["sample"]) == set(STRATEGIES)
+    assert all(figures["rows"] == 256 for figures in result["sample"].values())
+    assert 1.0 < result["memory_ratio"] < 2.0
+
+
+def test_overhead_benchmark(bench):
+    out = bench("overhead", "--quick", "--rounds", "1", "--steps", "8")
+    result = json.loads((out / "overhead_quick.json").read_text())
+    assert set(result) == {"GRPO", "GRPO log every step", "ExGRPO mix", "ExGRPO mix capped", "ExGRPO swap"}
+    assert result["GRPO"]["bookkeeping_share"] == [0.0]
+    assert result["ExGRPO mix"]["bookkeeping_share"][0] > 0.0
+    assert (out / "overhead_quick.png").exists()
+
+
+def test_learning_benchmark(bench):
+    out = bench(
+        "learning", "--quick", "--seeds", "1", "--budget", "3000", "--variants", "GRPO", "ExGRPO seed"
+    )
+    result = json.loads((out / "learning_quick.json").read_text())
+    assert set(result) == {"GRPO", "ExGRPO seed"}
+    for entry in result.values():
+        tokens = [point[0] for point in entry["curves"][0]]
+        assert tokens[0] == 0.0 and tokens == sorted(tokens) and tokens[-1] >= 3000
+    assert (out / "learning_quick.png").exists()
