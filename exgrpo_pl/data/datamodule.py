@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from exgrpo_pl.data.loading import check_answer_from, load_rows, split_rows
 from exgrpo_pl.data.synthetic import ArithmeticTask
+from exgrpo_pl.data.task import SyntheticTask
 
 _FIXED_KEYS = ("id", "prompt", "answer", "domain")
 
@@ -137,7 +138,7 @@ class PromptDataModule(L.LightningDataModule):
         self,
         train_path: str | None = None,
         val_path: str | None = None,
-        synthetic: ArithmeticTask | None = None,
+        synthetic: SyntheticTask | None = None,
         val_fraction: float = 0.1,
         prompt_column: str = "prompt",
         answer_column: str = "answer",
