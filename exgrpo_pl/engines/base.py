@@ -1,0 +1,65 @@
+"""The rollout-engine protocol: how the trainer asks for completions, whatever samples them.
+
+An engine turns left-padded prompt ids into completions. `ExGRPOModule` builds one by name
+(`rollout_engine: hf | static`), calls `generate` for training and validation rollouts, and calls
+`weights_changed` after every optimizer step; nothing else in the library knows which engine runs. An engine
+that samples with the policy's own parameters (both shipped ones) has nothing to do on a weight change; one
+that holds a copy of the weights (a colocated vLLM, say) reloads them there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to sample one batch of completions.
+
+    Args:
+        max_new_tokens: the generation budget per row.
+        temperature: softmax temperature; 0 means greedy decoding.
+        top_p: nucleus mass in (0, 1]; 1 samples the full distribution (top-k is never applied).
+        pad_token_id: the id written after a row's EOS.
+        eos_token_ids: ids that end a completion.
+    """
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    pad_token_id: int
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass
+class Completions:
+    """What an engine returns for N prompt rows.
+
+    Args:
+        ids: `[N, C]` long completion tokens, `pad_token_id` after the first EOS (C <= max_new_tokens).
+        mask: `[N, C]` bool, True up to and including the first EOS.
+        truncated: `[N]` bool, True where the budget ran out before an EOS.
+        logps: `[N, C]` float32 log-probabilities of the sampled tokens under the distribution they were drawn
+            from (temperature applied), 0 on padding; None when the engine does not have them cheaply.
+    """
+
+    ids: Tensor
+    mask: Tensor
+    truncated: Tensor
+    logps: Tensor | None = None
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples completions from the policy."""
+
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Completions:
+        """Completions of `[N, P]` left-padded `prompt_ids` (`prompt_mask` bool), one per row."""
+        ...
+
+    def weights_changed(self) -> None:
+        """The policy's weights were just updated (after each optimizer step)."""
+        ...
