@@ -1,10 +1,17 @@
 """Reward functions (verifiers) and the TRL-compatible protocol they follow. Core package: no Lightning."""
 
 from exgrpo_pl.rewards.arithmetic import ArithmeticReward
-from exgrpo_pl.rewards.base import AnswerReward, RewardFunction, compute_rewards, reward_name
+from exgrpo_pl.rewards.base import (
+    AnswerReward,
+    RewardFunction,
+    RewardTimeoutError,
+    compute_rewards,
+    reward_name,
+)
 from exgrpo_pl.rewards.exact_match import ExactMatchReward
 from exgrpo_pl.rewards.format import FormatReward
 from exgrpo_pl.rewards.math_verify import MathVerifyReward, extract_boxed
+from exgrpo_pl.rewards.reasoning import ReasoningReward
 
 __all__ = [
     "AnswerReward",
@@ -12,7 +19,9 @@ __all__ = [
     "ExactMatchReward",
     "FormatReward",
     "MathVerifyReward",
+    "ReasoningReward",
     "RewardFunction",
+    "RewardTimeoutError",
     "compute_rewards",
     "extract_boxed",
     "reward_name",

@@ -2,17 +2,23 @@
 
 The protocol is TRL's, so a TRL reward function drops in unchanged: it is called with the prompts, the
 completions and every other dataset column as a keyword list of the same length, and returns one float per
-row, or `None` where it does not apply to that row. Core module: no Lightning.
+row, or `None` where it does not apply to that row. `compute_rewards` checks what each function returns
+(a NaN, an infinite score or a wrong type is an error naming the function and the row) and can put a time
+limit on each call. Core module: no Lightning.
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
+import numbers
+import threading
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -66,17 +72,150 @@ def reward_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
+class RewardTimeoutError(TimeoutError):
+    """A reward function ran past `compute_rewards`'s `timeout_seconds`.
+
+    Attributes:
+        name: the function's logged name (see `reward_name`).
+        num_completions: how many completions the call was scoring.
+        timeout_seconds: the limit it ran past.
+    """
+
+    def __init__(self, name: str, num_completions: int, timeout_seconds: float) -> None:
+        super().__init__(
+            f"reward function {name!r} did not return within {timeout_seconds:g} s scoring {num_completions} "
+            "completions; raise the limit (`timeout_seconds`, ExGRPOModule's `reward_timeout_seconds`; None "
+            "for no limit) or make the function faster. The abandoned call keeps running in a daemon thread"
+        )
+        self.name = name
+        self.num_completions = num_completions
+        self.timeout_seconds = timeout_seconds
+
+
+def _call(fn: Callable[..., Any], name: str, timeout_seconds: float | None, kwargs: dict[str, Any]) -> Any:
+    """`fn(**kwargs)`; with a limit, the same call in a daemon thread, waited for at most that long.
+
+    A thread, not a signal, so the limit holds when the caller is not the main thread; a daemon, so a call
+    that never returns does not keep the process alive at exit. Python cannot stop a thread, so a call that
+    runs over is abandoned, not killed: it keeps running in its thread until it returns. Starting the thread
+    costs 0.1 to 0.2 ms (benchmarks/reward_timeout.py), so without a limit the function is called directly.
+    """
+    if timeout_seconds is None:
+        return fn(**kwargs)
+    # Grad mode and the current CUDA device are per thread: the call gets the caller's, as it would inline.
+    grad_enabled = torch.is_grad_enabled()
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    context = contextvars.copy_context()
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            if device is not None:
+                torch.cuda.set_device(device)
+            with torch.set_grad_enabled(grad_enabled):
+                outcome["value"] = context.run(fn, **kwargs)
+        except BaseException as err:  # re-raised in the caller, whatever it is
+            outcome["error"] = err
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"reward function {name}", daemon=True).start()
+    if not done.wait(timeout_seconds):
+        raise RewardTimeoutError(name, len(kwargs["completions"]), timeout_seconds)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _describe(value: Any) -> str:
+    """A value's type and a short repr, for error messages."""
+    if isinstance(value, (Tensor, np.ndarray)) and value.ndim > 0:
+        return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a float if it is a real number (Python, numpy or 0-d torch), else None."""
+    if isinstance(value, Tensor):
+        return float(value) if value.ndim == 0 and not value.is_complex() else None
+    if isinstance(value, (np.generic, np.ndarray)):
+        return float(value) if value.ndim == 0 and value.dtype.kind in "biuf" else None
+    if isinstance(value, numbers.Real):
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond float range
+            return math.inf if value > 0 else -math.inf
+    return None
+
+
+def _scores(result: Any, name: str, completions: list[str]) -> Tensor:
+    """Checks a reward function's return value and converts it to `[N]` float32, `nan` where it gave None.
+
+    Raises:
+        TypeError: on a return value or a score of the wrong type.
+        ValueError: on the wrong number of scores, or a score that is NaN or infinite (in float32).
+    """
+    n = len(completions)
+    expected = f"expected list[float | None] of length {n}, one score per completion"
+
+    def where(row: int) -> str:
+        return f"row {row} (completion {completions[row][:40]!r})"
+
+    if isinstance(result, np.ndarray) and result.dtype == object:
+        result = result.tolist()  # e.g. an array holding None: checked entry by entry below
+    if isinstance(result, (Tensor, np.ndarray)):
+        if result.ndim != 1 or len(result) != n:
+            raise ValueError(f"reward function {name!r} returned {_describe(result)}; {expected}")
+        numeric = not result.is_complex() if isinstance(result, Tensor) else result.dtype.kind in "biuf"
+        if not numeric:
+            raise TypeError(f"reward function {name!r} returned {_describe(result)}; {expected}")
+        given = torch.as_tensor(result).detach().to("cpu", torch.float64)  # [N]
+        none = torch.zeros(n, dtype=torch.bool)  # [N]
+    elif isinstance(result, Sequence) and not isinstance(result, (str, bytes, bytearray)):
+        if len(result) != n:
+            raise ValueError(f"reward function {name!r} returned {len(result)} scores for {n} completions")
+        values = []
+        for row, value in enumerate(result):
+            number = math.nan if value is None else _number(value)
+            if number is None:
+                raise TypeError(
+                    f"reward function {name!r} returned {_describe(value)} for {where(row)}; {expected}"
+                )
+            values.append(number)
+        given = torch.tensor(values, dtype=torch.float64)  # [N]
+        none = torch.tensor([value is None for value in result], dtype=torch.bool)  # [N]
+    else:
+        raise TypeError(f"reward function {name!r} returned {_describe(result)}; {expected}")
+    scores = given.float()  # [N]
+    # A None is NaN by now; anything else that is not finite (including past float32's range) is an error.
+    bad = ~scores.isfinite() & ~none  # [N]
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        value = float(given[row])
+        reason = " (beyond float32's range)" if math.isfinite(value) else ""
+        raise ValueError(
+            f"reward function {name!r} returned {value}{reason} for {where(row)}; a score must be a finite "
+            "number, or None where the function does not apply to the row"
+        )
+    return scores
+
+
 def compute_rewards(
     funcs: Sequence[Callable[..., Sequence[float | None]]],
     weights: Sequence[float] | None,
     prompts: list[str],
     completions: list[str],
     columns: Mapping[str, list[Any]],
+    timeout_seconds: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Scores every row with every function and sums the weighted scores.
 
     A `None` score becomes `nan` in that function's tensor and drops out of the weighted sum (a nansum, as
-    TRL does); a row no function applies to gets a total of 0 and a warning.
+    TRL does); a row no function applies to gets a total of 0 and a warning. A function may return a list
+    or tuple of floats and `None`s (numpy and 0-d torch scalars count as floats), or a 1-D numpy array or
+    torch tensor of length N.
 
     Args:
         funcs: the reward functions, each following `RewardFunction`.
@@ -84,14 +223,21 @@ def compute_rewards(
         prompts: `N` prompt strings.
         completions: `N` completion strings.
         columns: the other dataset columns, each a list of `N` values, passed to every function by name.
+        timeout_seconds: the longest each function's call may take; None: no limit. A limited call runs in a
+            daemon thread (0.1 to 0.2 ms more per call). Python cannot kill a thread, so a call that runs
+            over keeps running in it, abandoned, while the error is raised.
 
     Returns:
         `(total, per_function)`: `total` is a `[N]` float32 tensor; `per_function` maps each function's name
         (see `reward_name`) to its `[N]` float32 scores, `nan` where it returned `None`.
 
     Raises:
-        ValueError: on no functions, a weights/functions or column/prompt length mismatch, two functions with
-            the same name, or a function returning the wrong number of scores.
+        ValueError: on no functions, a weight that is not finite, a weights/functions or column/prompt length
+            mismatch, two functions with the same name, a bad `timeout_seconds`, or a function returning the
+            wrong number of scores or a score that is NaN or infinite (naming the function and the row).
+        TypeError: when a function returns something other than `list[float | None]` of length N (naming
+            the function, what it returned and, for a bad score, the row).
+        RewardTimeoutError: when a function runs past `timeout_seconds`.
     """
     if not funcs:
         raise ValueError("compute_rewards needs at least one reward function")
@@ -99,6 +245,12 @@ def compute_rewards(
         weights = [1.0] * len(funcs)
     if len(weights) != len(funcs):
         raise ValueError(f"got {len(weights)} reward weights for {len(funcs)} reward functions")
+    if not all(math.isfinite(w) for w in weights):
+        raise ValueError(f"reward weights must be finite numbers, got {list(weights)}")
+    if timeout_seconds is not None and (
+        isinstance(timeout_seconds, bool) or not 0 < timeout_seconds < math.inf
+    ):
+        raise ValueError(f"timeout_seconds must be a positive number or None, got {timeout_seconds!r}")
     n = len(prompts)
     if len(completions) != n:
         raise ValueError(f"got {len(completions)} completions for {n} prompts")
@@ -111,12 +263,8 @@ def compute_rewards(
         name = reward_name(fn)
         if name in per_function:
             raise ValueError(f"two reward functions are named {name!r}; give them distinct `name` attributes")
-        scores = fn(prompts=prompts, completions=completions, **columns)
-        if len(scores) != n:
-            raise ValueError(f"reward function {name!r} returned {len(scores)} scores for {n} completions")
-        per_function[name] = torch.tensor(
-            [math.nan if s is None else float(s) for s in scores], dtype=torch.float32
-        )
+        kwargs = {"prompts": prompts, "completions": completions, **columns}
+        per_function[name] = _scores(_call(fn, name, timeout_seconds, kwargs), name, completions)
 
     stacked = torch.stack(list(per_function.values()), dim=1)  # [N, F]
     weight = torch.tensor([float(w) for w in weights], dtype=torch.float32)  # [F]
