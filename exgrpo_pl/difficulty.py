@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from exgrpo_pl.ragged import ragged_index
+
 METRICS = ("correctness_rate",)
 
 # Per-question columns in dense order: name -> (dtype, value of a fresh entry).
@@ -109,6 +111,8 @@ class DifficultyBucketer:
         self._domain_codes: dict[str, int] = {}
         self._retired: set[int] = set()
         self._warned_non_binary = False
+        self._by_rate: np.ndarray | None = None  # see dense_by_rate; None: rebuild from scratch
+        self._rate_changed: list[int] = []  # dense indices whose rate changed since _by_rate was brought up
 
     def __len__(self) -> int:
         return len(self._index)
@@ -181,11 +185,14 @@ class DifficultyBucketer:
             cols["rate"][i] = sum(window) / len(window)
             cols["latest_correct"][i] = sum(outcomes)
             cols["latest_total"][i] = len(outcomes)
+            self._rate_changed.append(i)
             solved = len(outcomes) >= self.min_retire_group and all(outcomes)
             if self.retire_solved and solved and not cols["retired"][i]:
                 cols["retired"][i] = True
                 self._retired.add(q)
                 retired_now.append(q)
+        if len(self._rate_changed) > len(self._index):  # cheaper to re-sort than to catch up
+            self._by_rate, self._rate_changed = None, []
         return torch.tensor(retired_now, dtype=torch.long)
 
     def dense_index(self, question_ids: np.ndarray | Tensor) -> np.ndarray:
@@ -204,6 +211,32 @@ class DifficultyBucketer:
     def dense_retired(self) -> np.ndarray:
         """`[num_known]` bool retired flag of each question, in dense order. Read-only view."""
         view = self._col("retired").view()
+        view.flags.writeable = False
+        return view
+
+    def dense_by_rate(self) -> np.ndarray:
+        """Dense indices of the questions that have a rate, ordered by (rate, dense index). Read-only.
+
+        Equal rates are the paper's buckets, so this is the questions grouped by bucket. It is kept up to
+        date incrementally: a call re-places only the questions whose rate changed since the last one (one
+        pass over the questions instead of a sort).
+        """
+        rate = self._col("rate")
+        if self._by_rate is None:
+            finite = np.flatnonzero(np.isfinite(rate))
+            self._by_rate = finite[np.argsort(rate[finite], kind="stable")]
+        elif self._rate_changed:
+            changed = np.unique(self._rate_changed)
+            moved = np.zeros(len(rate), dtype=np.bool_)
+            moved[changed] = True
+            kept = self._by_rate[~moved[self._by_rate]]
+            changed = changed[np.isfinite(rate[changed])]
+            changed = changed[np.argsort(rate[changed], kind="stable")]
+            # A complex number compares by real part, then imaginary part: (rate, dense index) order.
+            at = np.searchsorted(rate[kept] + 1j * kept, rate[changed] + 1j * changed)
+            self._by_rate = np.insert(kept, at, changed)
+        self._rate_changed = []
+        view = self._by_rate.view()
         view.flags.writeable = False
         return view
 
@@ -336,10 +369,12 @@ def gaussian_bucket_draw(
 
     Vectorised as rejection sampling: draw buckets with replacement and reject draws of exhausted buckets,
     which is exactly drawing from the non-empty ones. Each round that falls short exhausts a bucket, which
-    the next round leaves out.
+    the next round leaves out. Which members a bucket gives is drawn last, only for the buckets drawn
+    (`choose_in_groups`), so the cost follows `size`, not the number of questions.
 
     Args:
-        rates: `[n]` float64 finite rates of the eligible questions; equal rates share a bucket.
+        rates: `[n]` float64 finite rates of the eligible questions; equal rates share a bucket. Already
+            sorted (as `DifficultyBucketer.dense_by_rate` gives them) saves a sort.
         size: number of questions wanted.
         sigma: width of the bucket weight in rate units, > 0 (the paper: 1 count at K=8, i.e. 0.125).
         generator: source of randomness; torch's global generator when None.
@@ -347,28 +382,86 @@ def gaussian_bucket_draw(
     Returns:
         `[min(size, n)]` int64 indices into `rates`, distinct, in draw order.
     """
-    k = min(size, len(rates))
-    # A stable sort of a random permutation: buckets contiguous, random order inside each, so the j-th draw
-    # of bucket b takes members[start[b] + j].
-    shuffled = torch.randperm(len(rates), generator=generator).numpy()
-    members = shuffled[np.argsort(rates[shuffled], kind="stable")]
-    start = np.flatnonzero(np.diff(rates[members], prepend=-np.inf))
-    buckets = rates[members[start]]
-    capacity = np.diff(np.append(start, len(rates)))
-    log_weight = -((buckets - 0.5) ** 2) / (2 * sigma**2)
-    taken = np.zeros(len(buckets), dtype=np.int64)
-    picked = []
+    n = len(rates)
+    k = min(size, n)
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    members = np.arange(n) if bool(np.all(rates[1:] >= rates[:-1])) else np.argsort(rates, kind="stable")
+    start = np.flatnonzero(np.diff(rates[members], prepend=-np.inf))  # buckets are runs of equal rates
+    capacity = np.diff(np.append(start, n))
+    log_weight = -((rates[members[start]] - 0.5) ** 2) / (2 * sigma**2)
+    taken = np.zeros(len(start), dtype=np.int64)
+    drawn, ranks = [], []  # accepted draws: the bucket, and how many of it were drawn before
     while k > 0:
         live = np.where(taken < capacity, log_weight, -np.inf)
         weight = torch.from_numpy(np.exp(live - live.max()))  # relative weights, immune to underflow
         draws = torch.multinomial(weight, k, replacement=True, generator=generator).numpy()
-        order = np.argsort(draws, kind="stable")
-        run_start = np.flatnonzero(np.diff(draws[order], prepend=-1))
-        occurrence = np.empty(k, dtype=np.int64)
-        occurrence[order] = np.arange(k) - np.repeat(run_start, np.diff(np.append(run_start, k)))
-        rank = taken[draws] + occurrence
+        rank = taken[draws] + _occurrence(draws)
         accepted = rank < capacity[draws]
-        picked.append(members[start[draws[accepted]] + rank[accepted]])
-        taken += np.bincount(draws[accepted], minlength=len(buckets))
+        drawn.append(draws[accepted])
+        ranks.append(rank[accepted])
+        taken += np.bincount(draws[accepted], minlength=len(start))
         k -= int(accepted.sum())
-    return np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+    drawn, ranks = np.concatenate(drawn), np.concatenate(ranks)
+    # The j-th draw of bucket b takes the j-th of `taken[b]` members drawn from it in random order.
+    offsets = choose_in_groups(capacity, taken, generator)
+    first = np.cumsum(taken) - taken
+    return members[start[drawn] + offsets[first[drawn] + ranks]]
+
+
+def choose_in_groups(n: np.ndarray, k: np.ndarray, generator: torch.Generator | None) -> np.ndarray:
+    """For each group i, `min(k[i], n[i])` distinct integers of `range(n[i])`, uniformly without replacement,
+    in random order; concatenated group after group.
+
+    A group that wants a quarter or more of its members shuffles them all (random keys, one sort); a group
+    that wants fewer draws uniformly with replacement and redraws repeats, which is exact and costs O(k)
+    rather than O(n).
+
+    Args:
+        n: `[g]` int64 group sizes.
+        k: `[g]` int64 how many to take from each group.
+        generator: source of randomness; torch's global generator when None.
+
+    Returns:
+        `[sum(min(k, n))]` int64 offsets inside each group.
+    """
+    n = np.asarray(n, dtype=np.int64)
+    k = np.minimum(np.asarray(k, dtype=np.int64), n)
+    out = np.zeros(int(k.sum()), dtype=np.int64)
+    out_start = np.cumsum(k) - k
+    shuffle = (k > 0) & (4 * k >= n)
+    g = np.flatnonzero(shuffle)
+    if len(g):
+        group = np.repeat(np.arange(len(g)), n[g])
+        keys = torch.rand(len(group), generator=generator, dtype=torch.float64).numpy()
+        order = np.lexsort((keys, group))  # each group's members in random order, groups in turn
+        first = np.cumsum(n[g]) - n[g]
+        out[ragged_index(out_start[g], k[g])] = order[ragged_index(first, k[g])] - np.repeat(first, k[g])
+    g = np.flatnonzero(~shuffle & (k > 0))
+    if len(g):
+        size, want = n[g], k[g]
+        group, value = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)  # accepted, in draw order
+        need = want
+        while need.any():
+            new_group = np.repeat(np.arange(len(g)), 2 * need)
+            u = torch.rand(len(new_group), generator=generator, dtype=torch.float64).numpy()
+            new_value = np.minimum((u * size[new_group]).astype(np.int64), size[new_group] - 1)
+            group, value = np.concatenate([group, new_group]), np.concatenate([value, new_value])
+            _, first_seen = np.unique(group * int(size.max()) + value, return_index=True)
+            kept = np.sort(first_seen)  # repeats dropped, draw order kept
+            group, value = group[kept], value[kept]
+            kept = _occurrence(group) < want[group]
+            group, value = group[kept], value[kept]
+            need = want - np.bincount(group, minlength=len(g))
+        out[ragged_index(out_start[g], want)] = value[np.argsort(group, kind="stable")]
+    return out
+
+
+def _occurrence(labels: np.ndarray) -> np.ndarray:
+    """For each element, how many elements before it carry the same label."""
+    order = np.argsort(labels, kind="stable")
+    run_start = np.flatnonzero(np.diff(labels[order], prepend=-1))
+    occurrence = np.empty(len(labels), dtype=np.int64)
+    runs = np.diff(np.append(run_start, len(labels)))
+    occurrence[order] = np.arange(len(labels)) - np.repeat(run_start, runs)
+    return occurrence

@@ -1,4 +1,4 @@
-"""DifficultyBucketer, tier_of and the Gaussian bucket draw: hand cases and properties."""
+"""DifficultyBucketer, tier_of, the Gaussian bucket draw and choose_in_groups: hand cases and properties."""
 
 import io
 import math
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo_pl.difficulty import DifficultyBucketer, gaussian_bucket_draw, tier_of
+from exgrpo_pl.difficulty import DifficultyBucketer, choose_in_groups, gaussian_bucket_draw, tier_of
 
 
 def roundtrip(state):
@@ -202,3 +202,78 @@ def test_gaussian_bucket_draw_is_without_replacement(counts, size, sigma):
     assert len(picked) == min(size, len(rates))
     assert len(set(picked.tolist())) == len(picked)
     assert all(0 <= i < len(rates) for i in picked.tolist())
+
+
+def test_gaussian_bucket_draw_is_uniform_inside_a_large_bucket():
+    """A bucket of 40 questions gives each with probability 1/40 (the draws with repeats rejected path)."""
+    rates = np.array([0.5] * 40 + [0.25] * 3)[::-1].copy()  # unsorted input is sorted first
+    g = torch.Generator().manual_seed(0)
+    draws = np.concatenate([gaussian_bucket_draw(rates, 2, 0.125, g) for _ in range(4000)])
+    counts = np.bincount(draws, minlength=43)
+    weight = np.exp(-((np.array([0.25, 0.5]) - 0.5) ** 2) / (2 * 0.125**2))
+    p_half = weight[1] / weight.sum()
+    assert counts[3:].sum() / len(draws) == pytest.approx(p_half, abs=0.02)  # neither bucket runs out
+    np.testing.assert_allclose(counts[3:] / counts[3:].sum(), 1 / 40, atol=0.006)
+
+
+def test_choose_in_groups_by_hand():
+    picked = choose_in_groups(np.array([3, 1, 100, 5]), np.array([3, 2, 2, 0]), torch.Generator())
+    assert len(picked) == 3 + 1 + 2
+    assert sorted(picked[:3].tolist()) == [0, 1, 2] and picked[3] == 0
+    assert len(set(picked[4:].tolist())) == 2 and all(0 <= v < 100 for v in picked[4:])
+    assert choose_in_groups(np.zeros(0, np.int64), np.zeros(0, np.int64), None).shape == (0,)
+
+
+def test_choose_in_groups_is_uniform_over_ordered_picks():
+    """Both paths: a group shuffled whole (2 of 3) and one drawn with repeats rejected (2 of 12)."""
+    g = torch.Generator().manual_seed(0)
+    small, large = {}, {}
+    for _ in range(6000):
+        a, b, c, d = choose_in_groups(np.array([3, 12]), np.array([2, 2]), g).tolist()
+        small[(a, b)] = small.get((a, b), 0) + 1
+        large[c] = large.get(c, 0) + 1
+        assert c != d
+    assert len(small) == 6 and all(abs(v / 6000 - 1 / 6) < 0.02 for v in small.values())
+    assert len(large) == 12 and all(abs(v / 6000 - 1 / 12) < 0.015 for v in large.values())
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 70)), max_size=8), st.integers(0, 5))
+def test_choose_in_groups_gives_distinct_offsets(groups, seed):
+    n = np.array([a for a, _ in groups], dtype=np.int64)
+    k = np.array([b for _, b in groups], dtype=np.int64)
+    picked = choose_in_groups(n, k, torch.Generator().manual_seed(seed))
+    want = np.minimum(n, k)
+    assert len(picked) == want.sum()
+    for part, size in zip(np.split(picked, np.cumsum(want)[:-1]), n.tolist()):
+        assert len(set(part.tolist())) == len(part) and all(0 <= v < size for v in part.tolist())
+
+
+def test_dense_by_rate_by_hand():
+    b = DifficultyBucketer(retire_solved=False)
+    update(b, [10, 10, 11, 12, 12], [1.0, 0.0, 1.0, 0.0, 0.0])  # rates .5, 1, 0
+    assert b.dense_by_rate().tolist() == [2, 0, 1]
+    update(b, [13, 12, 12], [1.0, 1.0, 1.0])  # q12: 2/4 = .5 ties q10 (dense 0 < 2); q13 rate 1 after q11
+    assert b.dense_by_rate().tolist() == [0, 2, 1, 3]
+    assert not b.dense_by_rate().flags.writeable
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.lists(st.tuples(st.integers(0, 12), st.booleans()), min_size=1, max_size=8), max_size=12),
+    st.integers(0, 11),
+)
+def test_dense_by_rate_matches_a_sort(updates, reload_after):
+    """Kept up to date incrementally, the order equals a stable sort of the rates, also across a load."""
+    b = DifficultyBucketer(window_size=3, retire_solved=False)
+    for step, rows in enumerate(updates):
+        update(b, [q for q, _ in rows], [float(c) for _, c in rows])
+        if step % 3 == 0 or step == len(updates) - 1:
+            rates = b.dense_rates()
+            assert b.dense_by_rate().tolist() == np.argsort(rates, kind="stable").tolist()
+        if step == reload_after:
+            b.dense_by_rate()
+            fresh = DifficultyBucketer(window_size=3, retire_solved=False)
+            fresh.load_state_dict(b.state_dict())
+            b = fresh
+    assert b.dense_by_rate().tolist() == np.argsort(b.dense_rates(), kind="stable").tolist()

@@ -155,11 +155,11 @@ def test_validation_errors():
 
 
 def test_core_modules_import_no_framework():
-    """difficulty, ragged <- buffer <- replay import only the stdlib, NumPy, torch and one another."""
+    """ragged <- difficulty <- buffer <- replay import only the stdlib, NumPy, torch and one another."""
     allowed = {"__future__", "collections", "heapq", "math", "warnings", "zlib", "numpy", "torch"}
     package = Path(exgrpo_pl.__file__).parent
     own = {
-        "difficulty": set(),
+        "difficulty": {"ragged"},
         "ragged": set(),
         "buffer": {"batch", "difficulty", "ragged"},
         "replay": {"batch", "buffer", "difficulty"},
