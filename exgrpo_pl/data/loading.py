@@ -3,7 +3,14 @@
 Formats, by path: `.jsonl` (one object per line), `.json` (a list of objects), `.parquet`, or a directory
 written by `datasets.Dataset.save_to_disk` (needs the `datasets` extra). Every row comes out as
 `{"id": int, "prompt": str, "answer": str, "domain": str (if a domain column is named), <other columns>}`.
-A bad row stops loading with an error naming the file, the row and the column.
+A bad row stops loading with an error naming the file, the row and the column; a `.jsonl` or `.json` file
+must be UTF-8 (a leading byte-order mark is allowed), and a byte that is not is an error naming the line and
+the byte offset.
+
+Duplicates: real datasets repeat questions (OpenR1-Math and MATH do). A row that repeats an earlier row's
+question (its prompt, or its id when `id_column` is given) with the same answer is dropped, with one warning
+per file that counts them and names the first few; a repeat with a different answer (or, with `id_column`, a
+different prompt) is an error naming both rows, since either reference answer could be the wrong one.
 
 Common math layouts and the arguments that read them:
 
@@ -19,6 +26,7 @@ Common math layouts and the arguments that read them:
 from __future__ import annotations
 
 import json
+import warnings
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,9 +47,31 @@ def check_answer_from(answer_from: str) -> None:
         raise ValueError(f"answer_from must be one of {allowed}, got {answer_from!r}")
 
 
+def _decode(data: bytes, path: Path, first_line: int = 1, offset: int = 0) -> str:
+    """`data`, the part of `path` from line `first_line` and byte `offset` on, decoded as UTF-8, BOM dropped.
+
+    Raises:
+        ValueError: naming the file, the line and the byte offset of the first byte that is not UTF-8.
+    """
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        line_number = first_line + data.count(b"\n", 0, err.start)
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ValueError(
+            f"{path}:{line_number}: not UTF-8: byte 0x{data[err.start]:02x} at byte offset "
+            f"{offset + err.start} (byte {column} of the line); save the file as UTF-8, e.g. "
+            f"`iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}` for a Latin-1 file"
+        ) from err
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    # Bytes, decoded line by line, so that an error can say which line and at which byte offset.
+    offset = 0
+    with path.open("rb") as handle:
+        for line_number, data in enumerate(handle, start=1):
+            line = _decode(data, path, line_number, offset)
+            offset += len(data)
             if not line.strip():
                 continue
             try:
@@ -54,7 +84,7 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _read_json(path: Path) -> Iterator[tuple[str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_decode(path.read_bytes(), path))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}:{err.lineno}: malformed JSON: {err.msg} (column {err.colno})") from err
     if not isinstance(data, list):
@@ -120,17 +150,18 @@ def _boxed_answer(text: str, where: str, column: str) -> str:
     return answer.strip()
 
 
-def _question_id(value: Any, where: str, column: str) -> int:
+def _question_id(value: Any, where: str, column: str) -> tuple[int, int | str]:
+    """`(id, key)`: the id, and the value it comes from (an int, or a string that was hashed)."""
     # Integer ids are used as they are; other string ids are hashed to an int the way prompts are.
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value)
     if isinstance(value, str):
-        return zlib.crc32(value.encode("utf-8"))
+        return zlib.crc32(value.encode("utf-8")), value
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{where}: column {column!r} must be an int or a string, got {type(value).__name__}")
     if not _INT64[0] <= value <= _INT64[1]:
         raise ValueError(f"{where}: column {column!r} value {value} does not fit in int64")
-    return value
+    return value, value
 
 
 def load_rows(
@@ -158,23 +189,28 @@ def load_rows(
             (e.g. MATH's `solution`) and takes the content of its last `\\boxed{...}`, nested braces kept.
 
     Returns:
-        The rows in file order. Columns not named above keep their names and values.
+        The rows in file order, each question once. Columns not named above keep their names and values.
+        A row that repeats an earlier row's question (the same prompt; with `id_column`, the same id) and
+        answer is dropped, the earlier row and its other columns kept, with one warning for the file that
+        counts the dropped rows and names the first few.
 
     Raises:
-        ValueError: on a malformed line, a missing column, an empty prompt or answer, two rows with the
-            same id, a column whose name clashes with a normalized key, an unknown `answer_from`, a
-            solution without a complete `\\boxed{...}` (or with an empty one) when `answer_from="boxed"`,
-            or no rows at all.
+        ValueError: on a line that is not UTF-8 or not JSON, a missing column, an empty prompt or answer, a
+            repeated prompt with a different answer, a repeated id with a different prompt or answer, two
+            different prompts or ids whose CRC-32 hashes collide, a column whose name clashes with a
+            normalized key, an unknown `answer_from`, a solution without a complete `\\boxed{...}` (or with
+            an empty one) when `answer_from="boxed"`, or no rows at all.
         FileNotFoundError: if `path` does not exist.
     """
     check_answer_from(answer_from)
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     sources = {"prompt": prompt_column, "answer": answer_column, "id": id_column, "domain": domain_column}
     required = [column for column in sources.values() if column is not None]
     rows: list[dict[str, Any]] = []
-    first_seen: dict[int, str] = {}
+    first_seen: dict[int, tuple[str, int | str, dict[str, Any]]] = {}  # id -> (position, question, row)
+    repeats: list[tuple[str, str]] = []  # (position dropped, position of the row it repeats)
     for position, raw in _read(path):
         where = f"{path}: {position}"
         if not isinstance(raw, dict):
@@ -195,22 +231,84 @@ def load_rows(
         row["answer"] = _text(raw[answer_column], where, answer_column)
         if answer_from == "boxed":
             row["answer"] = _boxed_answer(row["answer"], where, answer_column)
+        # `question` identifies the question: its prompt, or its id as written (before any hashing).
         if id_column is None:
-            row["id"] = zlib.crc32(row["prompt"].encode("utf-8"))
+            row["id"], question = zlib.crc32(row["prompt"].encode("utf-8")), row["prompt"]
         else:
-            row["id"] = _question_id(raw[id_column], where, id_column)
+            row["id"], question = _question_id(raw[id_column], where, id_column)
         if domain_column is not None:
             row["domain"] = _text(raw[domain_column], where, domain_column)
         if row["id"] in first_seen:
-            cause = "identical prompts" if id_column is None else f"same {id_column!r}"
-            raise ValueError(
-                f"{path}: {first_seen[row['id']]} and {position} have the same id {row['id']} ({cause})"
+            earlier, earlier_question, earlier_row = first_seen[row["id"]]
+            _check_repeat(
+                path, (earlier, position), (earlier_question, question), (earlier_row, row), id_column
             )
-        first_seen[row["id"]] = position
+            repeats.append((position, earlier))
+            continue
+        first_seen[row["id"]] = (position, question, row)
         rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
+    if repeats:
+        named = ", ".join(f"{dropped} (repeats {kept})" for dropped, kept in repeats[:5])
+        more = f" and {len(repeats) - 5} more" if len(repeats) > 5 else ""
+        key = "prompt" if id_column is None else f"{id_column!r}, prompt"
+        warnings.warn(
+            f"{path}: dropped {len(repeats)} rows that repeat an earlier row's {key} and answer: "
+            f"{named}{more}; each question is kept once",
+            stacklevel=2,
+        )
     return rows
+
+
+def _check_repeat(
+    path: Path,
+    positions: tuple[str, str],
+    questions: tuple[int | str, int | str],
+    rows: tuple[dict[str, Any], dict[str, Any]],
+    id_column: str | None,
+) -> None:
+    """Raises ValueError unless two rows with the same id are the same question with the same answer.
+
+    Args:
+        path: the file, for the message.
+        positions: where the earlier and the later row are in the file.
+        questions: what identifies each row's question (its prompt, or its `id_column` value).
+        rows: the two normalized rows.
+        id_column: the id column, or None when ids are hashed prompts.
+    """
+    (first, second), (a, b) = positions, rows
+    if questions[0] != questions[1]:
+        what = "prompts" if id_column is None else f"{id_column!r} values"
+        raise ValueError(
+            f"{path}: {first} and {second} have different {what} whose CRC-32 ids collide ({a['id']}): "
+            f"{_short(questions[0])} and {_short(questions[1])}; "
+            + (
+                "give the rows integer ids in a column named by id_column"
+                if id_column is None
+                else "use integer ids"
+            )
+        )
+    same = f"the same {'prompt' if id_column is None else f'{id_column!r} ({questions[0]})'}"
+    if a["prompt"] != b["prompt"]:
+        raise ValueError(
+            f"{path}: {first} and {second} have {same} but different prompts: {_short(a['prompt'])} and "
+            f"{_short(b['prompt'])}; give them different ids, or drop one"
+        )
+    if a["answer"] != b["answer"]:
+        hint = "drop one or fix its answer" + (
+            ", or give the rows ids with id_column" if id_column is None else ""
+        )
+        raise ValueError(
+            f"{path}: {first} and {second} have {same} but different answers: {_short(a['answer'])} and "
+            f"{_short(b['answer'])}; a question takes one reference answer: {hint}"
+        )
+
+
+def _short(value: Any) -> str:
+    """`value`'s repr, cut to about 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def split_rows(

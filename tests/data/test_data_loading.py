@@ -1,6 +1,7 @@
 """Tests for load_rows and split_rows: formats, normalization, and errors that name file, row and column."""
 
 import json
+import warnings
 import zlib
 
 import pyarrow as pa
@@ -123,18 +124,136 @@ def test_non_object_line(tmp_path):
         load(path)
 
 
-def test_duplicate_prompt_names_both_rows(tmp_path):
-    path = write_jsonl(tmp_path / "d.jsonl", [ROWS[0], ROWS[1], ROWS[0]])
+def test_repeated_prompt_and_answer_kept_once_with_one_warning(tmp_path):
+    # Real datasets (OpenR1-Math, MATH) repeat questions; a repeat with the same answer is harmless.
+    rows = [ROWS[0], ROWS[1], ROWS[0], {**ROWS[0], "source": "c"}, ROWS[1]]
+    with pytest.warns(UserWarning) as caught:
+        out = load(write_jsonl(tmp_path / "d.jsonl", rows))
+    assert [row["prompt"] for row in out] == ["What is 2+2?", "What is 3*3?"]
+    assert out[0]["source"] == "a"  # the first row's other columns are the ones kept
+    assert len(caught) == 1
+    assert str(caught[0].message) == (
+        f"{tmp_path / 'd.jsonl'}: dropped 3 rows that repeat an earlier row's prompt and answer: "
+        "line 3 (repeats line 1), line 4 (repeats line 1), line 5 (repeats line 2); "
+        "each question is kept once"
+    )
+
+
+def test_repeat_warning_names_only_the_first_five(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([ROWS[0]] * 9))
+    with pytest.warns(
+        UserWarning, match=r"dropped 8 rows .*: row 2 \(repeats row 1\), .*row 6 \(repeats row 1\) and 3 more"
+    ):
+        assert len(load(path)) == 1
+
+
+def test_no_warning_without_repeats(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load(write_jsonl(tmp_path / "d.jsonl", ROWS))
+
+
+def test_repeated_prompt_with_another_answer_names_both_rows_and_answers(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [ROWS[0], ROWS[1], {**ROWS[0], "solution": "5"}])
     with pytest.raises(
-        ValueError, match=r"d\.jsonl: line 1 and line 3 have the same id .* \(identical prompts\)"
+        ValueError,
+        match=r"d\.jsonl: line 1 and line 3 have the same prompt but different answers: '4' and '5'; "
+        r"a question takes one reference answer",
     ):
         load(path)
 
 
-def test_duplicate_id_column_names_both_rows(tmp_path):
+def test_answers_are_compared_after_normalization(tmp_path):
+    # 4 and "4" are the same answer once numbers become strings; so are two solutions boxing the same answer.
+    rows = [{"question": "q", "solution": 4}, {"question": "q", "solution": "4"}]
+    with pytest.warns(UserWarning, match="dropped 1 rows"):
+        assert len(load(write_jsonl(tmp_path / "a.jsonl", rows))) == 1
+    rows = [{"question": "q", "solution": r"so \boxed{4}"}, {"question": "q", "solution": r"thus \boxed{4}."}]
+    with pytest.warns(UserWarning, match="dropped 1 rows"):
+        assert len(load(write_jsonl(tmp_path / "b.jsonl", rows), answer_from="boxed")) == 1
+
+
+def test_prompts_whose_crc32_collide_are_an_error_not_a_repeat(tmp_path):
+    first, second = "What is 29685295+1?", "What is 32060020+1?"
+    assert zlib.crc32(first.encode()) == zlib.crc32(second.encode())
+    rows = [{"question": first, "solution": "29685296"}, {"question": second, "solution": "32060021"}]
+    with pytest.raises(
+        ValueError, match=r"line 1 and line 2 have different prompts whose CRC-32 ids collide"
+    ):
+        load(write_jsonl(tmp_path / "d.jsonl", rows))
+    rows = [{**row, "uid": i} for i, row in enumerate(rows)]  # integer ids do not collide
+    assert len(load(write_jsonl(tmp_path / "e.jsonl", rows), id_column="uid")) == 2
+
+
+def test_repeated_id_with_another_prompt_names_both_rows(tmp_path):
     rows = [{**ROWS[0], "uid": 5}, {**ROWS[1], "uid": "5"}]
-    with pytest.raises(ValueError, match=r"line 1 and line 2 have the same id 5"):
+    with pytest.raises(
+        ValueError,
+        match=r"line 1 and line 2 have the same 'uid' \(5\) but different prompts: 'What is 2\+2\?' and "
+        r"'What is 3\*3\?'",
+    ):
         load(write_jsonl(tmp_path / "d.jsonl", rows), id_column="uid")
+
+
+def test_repeated_id_with_another_answer_names_both_answers(tmp_path):
+    rows = [{**ROWS[0], "uid": "q-1"}, {**ROWS[0], "solution": "5", "uid": "q-1"}]
+    with pytest.raises(ValueError, match=r"same 'uid' \(q-1\) but different answers: '4' and '5'"):
+        load(write_jsonl(tmp_path / "d.jsonl", rows), id_column="uid")
+
+
+def test_repeated_id_with_the_same_row_kept_once(tmp_path):
+    rows = [{**ROWS[0], "uid": 5}, {**ROWS[1], "uid": 6}, {**ROWS[0], "uid": "5"}]
+    with pytest.warns(
+        UserWarning, match=r"dropped 1 rows that repeat an earlier row's 'uid', prompt and answer"
+    ):
+        out = load(write_jsonl(tmp_path / "d.jsonl", rows), id_column="uid")
+    assert [row["id"] for row in out] == [5, 6]
+
+
+def test_same_prompt_under_different_ids_is_two_questions(tmp_path):
+    rows = [{**ROWS[0], "uid": 1}, {**ROWS[0], "solution": "5", "uid": 2}]
+    assert [row["answer"] for row in load(write_jsonl(tmp_path / "d.jsonl", rows), id_column="uid")] == [
+        "4",
+        "5",
+    ]
+
+
+def latin1_lines():
+    """Two JSON lines, the second with non-ASCII text, as Latin-1 bytes; and the offset of its first "û"."""
+    second = {"question": "Combien coûte un café?", "solution": "2"}
+    text = json.dumps(ROWS[0]) + "\n" + json.dumps(second, ensure_ascii=False) + "\n"
+    data = text.encode("latin-1")
+    return data, data.index("û".encode("latin-1"))
+
+
+def test_latin1_jsonl_names_file_line_and_byte_offset(tmp_path):
+    data, offset = latin1_lines()
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(data)
+    column = offset - (data.index(b"\n") + 1) + 1  # 1-based, from the start of line 2
+    with pytest.raises(
+        ValueError,
+        match=rf"d\.jsonl:2: not UTF-8: byte 0xfb at byte offset {offset} \(byte {column} of the line\)",
+    ):
+        load(path)
+
+
+def test_latin1_json_names_file_line_and_byte_offset(tmp_path):
+    data, offset = latin1_lines()
+    path = tmp_path / "d.json"
+    path.write_bytes(b"[" + data.replace(b"\n", b",\n", 1).rstrip(b"\n") + b"]")
+    with pytest.raises(ValueError, match=rf"d\.json:2: not UTF-8: byte 0xfb at byte offset {offset + 2} "):
+        load(path)
+
+
+def test_utf8_with_a_byte_order_mark_loads(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in ROWS), encoding="utf-8-sig")
+    check_normalized(load(path))
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(ROWS), encoding="utf-8-sig")
+    check_normalized(load(path))
 
 
 def test_unused_id_column_is_not_silently_replaced(tmp_path):
