@@ -2,22 +2,46 @@
 
 exgrpo fit --config configs/quickstart.yaml
 exgrpo fit --config configs/quickstart.yaml --print_config
+exgrpo fit --config configs/quickstart.yaml --ckpt_path last   # resume from the newest complete checkpoint
 """
 
 from __future__ import annotations
 
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
 
 
 class ExGRPOCLI(LightningCLI):
-    """LightningCLI that ends a fit by saying where its logs and checkpoints are.
+    """LightningCLI with kill-proof checkpoints by default, that ends a fit by saying where things are.
+
+    Unless the config says otherwise, the trainer writes checkpoints with `AtomicCheckpointIO` (in place of
+    Lightning's default `TorchCheckpointIO`; any other CheckpointIO, set as a plugin or on the strategy, is
+    kept) and, when no checkpoint callback is configured, saves them with `SafeModelCheckpoint(save_last=
+    "link")` (in place of Lightning's default `ModelCheckpoint()`), so a run saves when it ends and
+    `--ckpt_path last` finds the previous run's newest complete checkpoint.
 
     (The module itself checks the strategy against the trainer in `setup`, so plain `Trainer` runs get the
     same check.)
     """
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        trainer_config = config.get("trainer") or {}
+        callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        checkpointing = trainer_config.get("enable_checkpointing") is not False
+        if checkpointing and not any(isinstance(callback, Checkpoint) for callback in callbacks):
+            kwargs["callbacks"] = [*callbacks, SafeModelCheckpoint(save_last="link")]
+        trainer = super().instantiate_trainer(**kwargs)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not a user's
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        return trainer
 
     def after_fit(self) -> None:
         trainer = self.trainer

@@ -1,0 +1,348 @@
+"""Checkpoints that a kill cannot corrupt, and a `ckpt_path="last"` that resumes from a complete one.
+
+    Trainer(plugins=[AtomicCheckpointIO()], callbacks=[SafeModelCheckpoint(save_last="link")])
+    trainer.fit(module, datamodule, ckpt_path="last")
+
+`AtomicCheckpointIO` writes each checkpoint file under a temp name next to its final path and renames it into
+place, so a checkpoint's name only ever holds a complete file, wherever `$TMPDIR` is; it refuses to write
+non-finite weights. `SafeModelCheckpoint` saves when training ends, whatever stopped it, resolves "last" to
+the newest complete checkpoint and moves `last.ckpt` links atomically. `exgrpo fit` installs both by default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import re
+import secrets
+import shutil
+import zipfile
+from typing import Any
+
+import torch
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+# `.<final name>.tmp-<pid>-<8 hex>`: a dot file, so no "*.ckpt" glob and no "last" lookup ever matches it.
+TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
+class NonFiniteCheckpointError(ValueError):
+    """A checkpoint's weights hold NaN or inf; nothing was written."""
+
+
+def _local(path: Any) -> str | None:
+    """`path` as a local filesystem path, or None for a remote URL (left to Lightning's writer)."""
+    fs, local = url_to_fs(str(path))
+    return local if isinstance(fs, LocalFileSystem) else None
+
+
+def temp_path(path: str) -> str:
+    """A fresh name in the same directory as `path` that `remove_stale_temp_files` recognises."""
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # makes the rename itself durable, not only the file's bytes
+    finally:
+        os.close(fd)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process saves synchronously: a temp file of its own is from an earlier failure
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _delete(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+def remove_stale_temp_files(directory: str) -> list[str]:
+    """Deletes the temp files (and folders being removed) that killed saves left in `directory`.
+
+    Only names in the temp pattern are touched; those of a process still running on this machine are kept,
+    since it may be saving right now.
+
+    Args:
+        directory: a checkpoint directory; a missing one is fine.
+
+    Returns:
+        The deleted paths.
+    """
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    stale = []
+    for name in names:
+        match = TEMP_NAME.match(name)
+        if match is not None and not _process_alive(int(match["pid"])):
+            stale.append(os.path.join(directory, name))
+            _delete(stale[-1])
+    return stale
+
+
+def save_atomically(checkpoint: dict[str, Any], path: str) -> None:
+    """`torch.save` into a temp file next to `path`, fsync it, rename it over `path`, fsync the directory.
+
+    A kill at any moment leaves either the old `path` or the new one, plus at most a temp file.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    remove_stale_temp_files(directory)
+    temp = temp_path(path)
+    try:
+        with open(temp, "xb") as file:  # unlike mkstemp's 0600, the checkpoint gets the umask's mode
+            torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp)
+        raise
+    _fsync_directory(directory)
+
+
+def link_atomically(target: str, link: str) -> None:
+    """Points the symlink `link` at `target` (relative) by renaming a new link over it: never missing."""
+    temp = temp_path(link)
+    os.symlink(os.path.relpath(target, os.path.dirname(os.path.abspath(link))), temp)
+    os.replace(temp, link)
+    _fsync_directory(os.path.dirname(os.path.abspath(link)))
+
+
+def check_finite(state_dict: dict[str, Any], path: Any) -> None:
+    """Raises `NonFiniteCheckpointError` naming `path` and the first parameter holding NaN or inf.
+
+    `aminmax` is NaN when any element is NaN and +-inf when one is infinite, so two scalars per tensor
+    answer for all of it without a tensor-sized mask (which on a GPU near its memory limit could OOM).
+    """
+    for name, tensor in state_dict.items():
+        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()):
+            continue
+        low, high = torch.aminmax(tensor.detach())
+        if not bool(torch.isfinite(low) & torch.isfinite(high)):
+            nan, inf = int(tensor.isnan().sum()), int(tensor.isinf().sum())
+            raise NonFiniteCheckpointError(
+                f"Refusing to write checkpoint {path}: parameter {name!r} has {nan} NaN and {inf} inf values"
+                f" out of {tensor.numel()}. Existing checkpoints are untouched; resume from the newest one."
+            )
+
+
+def incomplete_reason(path: str) -> str | None:
+    """Why `path` cannot be resumed from, or None when it is a complete checkpoint.
+
+    A file is complete when its zip index (written last by `torch.save`) is there and its pickle record
+    passes its CRC: this reads the index and the pickle, never the tensors, whatever their size, and
+    unpickles nothing. A DeepSpeed checkpoint folder is complete once DeepSpeed wrote its `latest` tag file.
+    """
+    if os.path.isdir(path):
+        return None if os.path.isfile(os.path.join(path, "latest")) else "no `latest` file in the folder"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [name for name in archive.namelist() if name.endswith("data.pkl")]
+            if not pickles:
+                return "no data.pkl record"
+            archive.read(pickles[0])
+    except Exception as err:  # empty, truncated, dangling link, bad CRC: all mean "cannot resume from this"
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _saved_at(path: str) -> int:
+    """When `path` was saved: its mtime; a DeepSpeed folder's is its `latest` file's (removing files from
+    an older folder touches the folder's own mtime); a dangling link's is the link's own."""
+    with contextlib.suppress(OSError):
+        return os.stat(os.path.join(path, "latest") if os.path.isdir(path) else path).st_mtime_ns
+    with contextlib.suppress(OSError):
+        return os.lstat(path).st_mtime_ns
+    return -1
+
+
+def newest_complete_checkpoint(directories: list[str]) -> str | None:
+    """The newest complete `*.ckpt` in `directories`, warning about each newer one that is incomplete.
+
+    Args:
+        directories: checkpoint directories; missing ones are skipped.
+
+    Returns:
+        A path, or None when there is no complete checkpoint.
+    """
+    paths = []
+    for directory in directories:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            names = os.listdir(directory)
+            paths += [os.path.join(directory, n) for n in names if n.endswith(".ckpt") and n[0] != "."]
+    skipped, seen = [], set()
+    for path in sorted(paths, key=_saved_at, reverse=True):
+        if os.path.realpath(path) in seen:
+            continue  # last.ckpt linked to a checkpoint already judged
+        seen.add(os.path.realpath(path))
+        reason = incomplete_reason(path)
+        if reason is None:
+            for bad, why in skipped:
+                rank_zero_warn(f'ckpt_path="last": skipping incomplete {bad} ({why}); using {path}')
+            return path
+        skipped.append((path, reason))
+    if skipped:
+        listing = "; ".join(f"{bad} ({why})" for bad, why in skipped)
+        rank_zero_warn(f'ckpt_path="last": no complete checkpoint, so none is loaded. Incomplete: {listing}')
+    return None
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's `TorchCheckpointIO`, writing local checkpoints with `save_atomically`.
+
+    Lightning's own writer copies a temp file from `$TMPDIR` onto the final name, and when `$TMPDIR` is on
+    another filesystem that copy can be cut short. Remote URLs still go through Lightning's writer. A
+    checkpoint whose `state_dict` holds NaN or inf is refused (`NonFiniteCheckpointError`) before anything is
+    written.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        """Writes `checkpoint` to `path` atomically.
+
+        Args:
+            checkpoint: what `Trainer.save_checkpoint` dumped.
+            path: the final file path.
+            storage_options: not supported, as in `TorchCheckpointIO`.
+        """
+        check_finite(checkpoint.get("state_dict", {}), path)
+        local = _local(path)
+        if local is None or storage_options is not None:
+            super().save_checkpoint(checkpoint, path, storage_options)
+        else:
+            save_atomically(checkpoint, local)
+
+    def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only=None):
+        """`TorchCheckpointIO.load_checkpoint`; an incomplete file's error names it and says what happened."""
+        try:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except FileNotFoundError:
+            raise
+        except Exception as err:
+            local = _local(path)
+            reason = incomplete_reason(local) if local is not None else None
+            if reason is None:
+                raise
+            raise RuntimeError(
+                f"Checkpoint {path} is incomplete ({reason}): a save into it was cut short. Resume from"
+                ' another checkpoint, or with ckpt_path="last" and SafeModelCheckpoint, which skips those.'
+            ) from err
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Removes a checkpoint file, link or (DeepSpeed) folder; a folder is renamed away first, so it is
+        whole or gone, never half-deleted.
+
+        Args:
+            path: the checkpoint to remove.
+        """
+        local = _local(path)
+        if local is None:
+            super().remove_checkpoint(path)
+        elif os.path.isdir(local) and not os.path.islink(local):
+            doomed = temp_path(local)
+            os.replace(local, doomed)
+            shutil.rmtree(doomed)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(local)
+
+
+class SafeModelCheckpoint(ModelCheckpoint):
+    """Lightning's `ModelCheckpoint` (same arguments) that a kill or an early stop cannot defeat.
+
+    - Saves when training ends, whatever stopped it (max_steps mid-epoch, max_epochs, a callback's
+      `should_stop`), unless that step is saved already. Lightning saves at train end only `last.ckpt`, only
+      with `save_last` set and only if the run saved nothing at all.
+    - `ckpt_path="last"` resumes from the newest complete `*.ckpt` in its directory, skipping (with a
+      warning) truncated files and dangling links. Without a `dirpath`, it looks in every version of the
+      logger's run (`<save_dir>/<name>/*/checkpoints`): each fit gets a new version folder, so Lightning's
+      own lookup, in the new, empty one, never finds the previous run's checkpoints.
+    - `save_last="link"` moves `last.ckpt` by renaming a new link over it, and onto a new checkpoint before
+      the previous one is removed: it never goes missing or dangles.
+    - Clears the temp files of killed saves from those directories at setup.
+
+    The overrides of Lightning's private methods are each commented; tests/test_checkpointing.py pins their
+    names and signatures.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._logger_dirs = self.dirpath is None
+
+    def _checkpoint_dirs(self, trainer) -> list[str] | None:
+        """Where this callback's checkpoints are (all logger versions without a dirpath); None when remote."""
+        if not self._logger_dirs:
+            return [self.dirpath] if _local(self.dirpath) is not None else None
+        if not trainer.loggers:
+            root, pattern = trainer.default_root_dir, "checkpoints"
+        else:
+            logger = trainer.loggers[0]
+            root = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+            pattern = os.path.join(glob.escape(str(logger.name)), "*", "checkpoints")
+        if _local(root) is None:
+            return None
+        return sorted(glob.glob(os.path.join(glob.escape(str(root)), pattern)))
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if trainer.is_global_zero:
+            for directory in {self.dirpath, *(self._checkpoint_dirs(trainer) or [])}:
+                if _local(directory) is not None:
+                    remove_stale_temp_files(directory)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # Private helpers: the same save `on_train_batch_end` makes; the skip check is false when this step
+        # has been saved already, or in a sanity check / fast_dev_run.
+        if not self._should_skip_saving_checkpoint(trainer):
+            metrics = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, metrics)
+            self._save_last_checkpoint(trainer, metrics)
+        super().on_train_end(trainer, pl_module)
+
+    def _find_last_checkpoints(self, trainer) -> set[str]:
+        # Private: Lightning's `_CheckpointConnector._parse_ckpt_path` resolves ckpt_path="last" to the
+        # newest, by mtime, of what each ModelCheckpoint returns here, without looking inside.
+        directories = self._checkpoint_dirs(trainer)
+        if directories is None:
+            return super()._find_last_checkpoints(trainer)
+        newest = newest_complete_checkpoint(directories)
+        return {newest} if newest is not None else set()
+
+    @staticmethod
+    def _link_checkpoint(trainer, filepath: str, linkpath: str) -> None:
+        # Private: Lightning deletes `linkpath` and then creates the link; a kill in between leaves none.
+        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
+            if os.path.isdir(linkpath) and not os.path.islink(linkpath):
+                shutil.rmtree(linkpath)  # a real folder (DeepSpeed, save_last=True before): no rename over it
+            link_atomically(filepath, linkpath)
+        trainer.strategy.barrier()
+
+    def _remove_checkpoint(self, trainer, filepath: str) -> None:
+        # Private: with save_last="link", Lightning removes the previous top-k checkpoint before it moves
+        # last.ckpt off it (seconds for a DeepSpeed folder); point the link at the newest save first. Decided
+        # from bookkeeping only, so every rank reaches the link's barrier alike.
+        newest, link = self._last_checkpoint_saved, self.last_model_path
+        if self.save_last == "link" and link and newest and filepath not in (newest, link) and newest != link:
+            self._link_checkpoint(trainer, newest, link)
+        super()._remove_checkpoint(trainer, filepath)
