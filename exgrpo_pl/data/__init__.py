@@ -1,8 +1,10 @@
-"""Prompt data: the Lightning datamodule, file loading and the synthetic arithmetic task."""
+"""Prompt data: the Lightning datamodule, file loading and the synthetic arithmetic and reasoning tasks."""
 
 from exgrpo_pl.data.datamodule import ExcludingRandomSampler, PromptDataModule, collate_rows
 from exgrpo_pl.data.loading import load_rows, split_rows
+from exgrpo_pl.data.reasoning import REASONING_ALPHABET, REASONING_FAMILIES, ReasoningTask, write_derivation
 from exgrpo_pl.data.synthetic import ARITHMETIC_ALPHABET, FAMILIES, ArithmeticTask
+from exgrpo_pl.data.task import SyntheticTask
 
 __all__ = [
     "ARITHMETIC_ALPHABET",
@@ -10,7 +12,12 @@ __all__ = [
     "ArithmeticTask",
     "ExcludingRandomSampler",
     "PromptDataModule",
+    "REASONING_ALPHABET",
+    "REASONING_FAMILIES",
+    "ReasoningTask",
+    "SyntheticTask",
     "collate_rows",
     "load_rows",
     "split_rows",
+    "write_derivation",
 ]

@@ -1,0 +1,168 @@
+"""Synthetic reasoning task: sums of 2-4 terms worked out step by step, in any order the model likes.
+
+"12-7+30=" is answered by a short derivation such as "12-7=5;5+30=35" or "30-7=23;23+12=35" (verified by
+`exgrpo_pl.rewards.ReasoningReward`). Unlike `ArithmeticTask`, whose right answers to a question are all the
+same string, a question here has several right completions that differ in text and in how sure the policy
+was of them, which is what ExGRPO's lowest-entropy choice among a question's correct trajectories needs.
+
+Questions come in difficulty families (their `domain`): the number of terms, one- or two-digit operands, and
+whether some terms are subtracted. Everything is deterministic in the seed and the configuration, as in
+`ArithmeticTask`: the same arguments give the same rows with the same ids, whatever split is taken later.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from exgrpo_pl.data.loading import split_rows
+from exgrpo_pl.rewards.reasoning import parse_terms
+
+REASONING_ALPHABET = "0123456789+-=;"
+"""Every character a prompt or derivation of the task can contain (tokenizers are built over it)."""
+
+# family -> (number of terms, two-digit operands?, some terms subtracted?)
+_FAMILIES: dict[str, tuple[int, bool, bool]] = {
+    "add2_1d": (2, False, False),
+    "add3_1d": (3, False, False),
+    "add4_1d": (4, False, False),
+    "mix3_1d": (3, False, True),
+    "mix4_1d": (4, False, True),
+    "add2_2d": (2, True, False),
+    "add3_2d": (3, True, False),
+    "mix3_2d": (3, True, True),
+}
+REASONING_FAMILIES = tuple(_FAMILIES)
+"""All difficulty families, roughly easiest first within each operand size."""
+
+# A family whose next this-many draws are all already-used questions counts as exhausted.
+_MAX_REPEATS = 1000
+
+
+def write_derivation(
+    prompt: str, order: Sequence[int] | None = None, rng: random.Random | None = None
+) -> str:
+    """A correct derivation of a sum prompt that adds its signed terms one at a time in a given order.
+
+    "12-7+30=" with order (1, 2, 0) gives "-7+30=23;23+12=35": the first step combines the first two terms
+    of the order, each later step the running result and the next term.
+
+    Args:
+        prompt: a sum such as "12-7+30=".
+        order: a permutation of the term indices; None draws one uniformly with `rng`.
+        rng: the random source for `order`; None means a fresh unseeded one.
+
+    Raises:
+        ValueError: if `prompt` is not a sum or `order` is not a permutation of its term indices.
+    """
+    terms = parse_terms(prompt)
+    if order is None:
+        order = list(range(len(terms)))
+        (rng or random.Random()).shuffle(order)
+    if sorted(order) != list(range(len(terms))):
+        raise ValueError(f"order {list(order)} is not a permutation of the {len(terms)} terms of {prompt!r}")
+    total = terms[order[0]]
+    steps = []
+    for index in order[1:]:
+        term = terms[index]
+        steps.append(f"{total}{'+' if term >= 0 else '-'}{abs(term)}={total + term}")
+        total += term
+    return ";".join(steps)
+
+
+class ReasoningTask:
+    """A fixed, seeded set of distinct sum questions whose answers are step-by-step derivations.
+
+    Each question picks a family uniformly among those not yet exhausted (the one-digit families hold 100 to
+    70,000 distinct questions), then operands uniformly: one-digit ones 0-9, two-digit ones 10-99; in the
+    "mix" families each term after the first is subtracted with probability 1/2, redrawn until at least one
+    is. Ids are 0..num_questions-1 in generation order. Rows are `{"id", "prompt", "answer", "domain"}` with
+    the final result as `answer`: any correct derivation earns the reward.
+
+    Args:
+        num_questions: how many distinct questions to generate.
+        seed: seeds generation and `split`.
+        families: which families (see `REASONING_FAMILIES`) to use; None uses all.
+
+    Raises:
+        ValueError: on an invalid argument, or if the families hold fewer than `num_questions` questions.
+    """
+
+    def __init__(
+        self, num_questions: int = 20000, seed: int = 0, families: Sequence[str] | None = None
+    ) -> None:
+        if num_questions < 1:
+            raise ValueError(f"ReasoningTask: num_questions must be >= 1, got {num_questions}")
+        families = REASONING_FAMILIES if families is None else tuple(families)
+        for name in families:
+            if name not in _FAMILIES:
+                known = ", ".join(REASONING_FAMILIES)
+                raise ValueError(f"ReasoningTask: unknown family {name!r}; known: {known}")
+        if not families:
+            raise ValueError("ReasoningTask: no families selected")
+        self.num_questions = num_questions
+        self.seed = seed
+        self.families = families
+        self._rows = self._generate()
+
+    @staticmethod
+    def _draw(rng: random.Random, family: str) -> tuple[str, int]:
+        num_terms, two_digit, subtract = _FAMILIES[family]
+        low, high = (10, 99) if two_digit else (0, 9)
+        # rng.random() only: unlike randrange, its stream is guaranteed across Python versions.
+        magnitudes = [low + int(rng.random() * (high - low + 1)) for _ in range(num_terms)]
+        ops = ["+"] * (num_terms - 1)
+        while subtract and "-" not in ops:
+            ops = ["-" if rng.random() < 0.5 else "+" for _ in ops]
+        # Signs stay in the text, so "5-0+3=" keeps its subtraction although -0 == 0.
+        prompt = str(magnitudes[0]) + "".join(op + str(m) for op, m in zip(ops, magnitudes[1:])) + "="
+        answer = magnitudes[0] + sum(m if op == "+" else -m for op, m in zip(ops, magnitudes[1:]))
+        return prompt, answer
+
+    def _generate(self) -> list[dict[str, Any]]:
+        rng = random.Random(self.seed)
+        active = list(self.families)
+        repeats = dict.fromkeys(active, 0)
+        seen: set[str] = set()
+        rows: list[dict[str, Any]] = []
+        while len(rows) < self.num_questions:
+            if not active:
+                raise ValueError(
+                    f"ReasoningTask: families {self.families} hold only {len(rows)} distinct questions; "
+                    f"lower num_questions={self.num_questions}"
+                )
+            family = active[int(rng.random() * len(active))]
+            prompt, answer = self._draw(rng, family)
+            if prompt in seen:
+                repeats[family] += 1
+                if repeats[family] >= _MAX_REPEATS:
+                    active.remove(family)
+                continue
+            repeats[family] = 0
+            seen.add(prompt)
+            rows.append({"id": len(rows), "prompt": prompt, "answer": str(answer), "domain": family})
+        return rows
+
+    def rows(self) -> list[dict[str, Any]]:
+        """All questions, in id order, as `{"id", "prompt", "answer", "domain"}` dicts (fresh copies)."""
+        return [dict(row) for row in self._rows]
+
+    def split(self, val_fraction: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Deterministic, disjoint train/validation split, stratified by family.
+
+        Args:
+            val_fraction: share of each family that goes to validation, in [0, 1).
+
+        Returns:
+            `(train_rows, val_rows)`, each in id order.
+        """
+        return split_rows(self.rows(), val_fraction, seed=self.seed)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __repr__(self) -> str:
+        return (
+            f"ReasoningTask(num_questions={self.num_questions}, seed={self.seed}, families={self.families})"
+        )
