@@ -3,10 +3,17 @@
 `model_name_or_path` is a local directory or a hub id (loaded with `from_pretrained`), or
 `embedded:tiny-arith`: a 0.3M-parameter Llama with a character tokenizer, shipped in the package
 (`exgrpo_pl/assets/tiny-arith`, made by `python scripts/make_tiny_policy.py`) so the quickstart needs no hub.
+
+A name is a local path when it exists on disk, or when it cannot be a hub id: it starts with "/", "./",
+"../" or "~", or is not of the form `name` or `namespace/name` (letters, digits, "-", "_", "."), e.g.
+`runs/a/checkpoint`. A local path must be a directory holding `config.json`; anything else is an error
+saying "not a model", before transformers would try the hub with it. Any other name, e.g.
+`Qwen/Qwen2.5-Math-1.5B`, goes to `from_pretrained` unchanged.
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -16,12 +23,69 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTr
 EMBEDDED_PREFIX = "embedded:"
 ASSETS = Path(__file__).parent / "assets"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The form of a hub repo id (huggingface_hub's validate_repo_id checks the same characters).
+_HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+
+
+def is_local_path(model_name_or_path: str) -> bool:
+    """Whether a model name is a local path: it exists, or cannot be a hub id (see the module docstring)."""
+    if model_name_or_path.startswith(("/", "./", "../", "~")) or not _HUB_ID.fullmatch(model_name_or_path):
+        return True
+    return Path(model_name_or_path).exists()
+
+
+def _check_model_directory(model_name_or_path: str, path: Path) -> None:
+    """Raises an error saying "not a model" unless `path` is a directory holding `config.json`.
+
+    Raises:
+        FileNotFoundError: when `path` does not exist.
+        ValueError: when it is a file, or a directory without `config.json` (naming what it holds, and a
+            subdirectory that is a model, e.g. a hub cache's `snapshots/<hash>`).
+    """
+    where = f"model_name_or_path={model_name_or_path!r}"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{where}: {path.absolute()} does not exist: not a model (taken as a local path; a hub id "
+            "looks like 'namespace/name')"
+        )
+    if not path.is_dir():
+        raise ValueError(f"{where}: {path} is a file: not a model (expected a directory holding config.json)")
+    if (path / "config.json").is_file():
+        return
+    nested = next(iter(sorted(path.glob("*/config.json")) + sorted(path.glob("*/*/config.json"))), None)
+    hint = f"; {nested.parent} has one" if nested is not None else ""
+    raise ValueError(
+        f"{where}: {path} is a directory without config.json: not a model ({_contents(path)}){hint}"
+    )
+
+
+def _contents(path: Path) -> str:
+    """What a directory holds, for error messages: its first few names, or that it is empty."""
+    names = sorted(entry.name for entry in path.iterdir())
+    if not names:
+        return "it is empty"
+    return f"it holds {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
 
 
 def resolve_model_path(model_name_or_path: str) -> str:
-    """Map `embedded:NAME` to the shipped directory; anything else is passed to `from_pretrained` as is."""
+    """The path or hub id to give `from_pretrained`.
+
+    `embedded:NAME` becomes the shipped directory; a local path (see `is_local_path`) has "~" expanded and
+    must be a model directory; any other name is a hub id, returned as is.
+
+    Raises:
+        FileNotFoundError: for a local path that does not exist.
+        ValueError: for an empty name, an unknown embedded model, or a local path that is not a directory with
+            config.json.
+    """
+    if not model_name_or_path.strip():
+        raise ValueError("model_name_or_path is empty: not a model")
     if not model_name_or_path.startswith(EMBEDDED_PREFIX):
-        return model_name_or_path
+        if not is_local_path(model_name_or_path):
+            return model_name_or_path
+        path = Path(model_name_or_path).expanduser()
+        _check_model_directory(model_name_or_path, path)
+        return str(path)
     name = model_name_or_path[len(EMBEDDED_PREFIX) :]
     path = ASSETS / name
     if not (path / "config.json").is_file():
@@ -41,9 +105,23 @@ def load_tokenizer(model_name_or_path: str):
 
     A tokenizer without a pad token gets its EOS token as pad (TRL does the same); completions are masked
     after their first EOS, so the two never get confused in the loss.
+
+    Raises:
+        FileNotFoundError, ValueError: for a local path that is not a model (see `resolve_model_path`), or
+            a model directory transformers finds no tokenizer in (naming the files it holds).
     """
     path = resolve_model_path(model_name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    except (OSError, ValueError) as err:
+        if not Path(path).is_dir():
+            raise  # a hub id: transformers' own error says what went wrong
+        cause = " ".join(str(err).split())[:200] or type(err).__name__  # transformers' errors span lines
+        raise ValueError(
+            f"model_name_or_path={model_name_or_path!r}: no tokenizer could be loaded from {path} "
+            f"({_contents(Path(path))}): {cause}; the directory needs the tokenizer's files too "
+            "(tokenizer.save_pretrained)"
+        ) from err
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"tokenizer of {model_name_or_path!r} has neither a pad nor an EOS token")
@@ -61,6 +139,7 @@ def load_policy(
     """A causal LM from a local directory, a hub id or the embedded assets.
 
     Args:
+        model_name_or_path: a model directory, a hub id or `embedded:NAME` (see `resolve_model_path`).
         dtype: one of "float32", "bfloat16", "float16".
         attn_implementation: passed to `from_pretrained` ("sdpa", "eager", "flash_attention_2", ...).
         gradient_checkpointing: trade compute for activation memory in the training forward.
@@ -68,10 +147,6 @@ def load_policy(
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
     path = resolve_model_path(model_name_or_path)
-    if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
-        raise ValueError(
-            f"model_name_or_path={model_name_or_path!r} is a directory without config.json: not a model"
-        )
     kwargs = {"dtype": DTYPES[dtype]}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
