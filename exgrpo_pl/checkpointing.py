@@ -193,7 +193,8 @@ def newest_complete_checkpoint(directories: list[str]) -> str | None:
             names = os.listdir(directory)
             paths += [os.path.join(directory, n) for n in names if n.endswith(".ckpt") and n[0] != "."]
     skipped, seen = [], set()
-    for path in sorted(paths, key=_saved_at, reverse=True):
+    # Newest first; a link after the file it points to (same mtime), so warnings name the file itself.
+    for path in sorted(paths, key=lambda p: (_saved_at(p), not os.path.islink(p)), reverse=True):
         if os.path.realpath(path) in seen:
             continue  # last.ckpt linked to a checkpoint already judged
         seen.add(os.path.realpath(path))
