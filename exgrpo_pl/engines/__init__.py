@@ -10,8 +10,9 @@ import inspect
 
 from exgrpo_pl.engines.base import Completions, RolloutEngine, SamplingConfig
 from exgrpo_pl.engines.hf import HFEngine
+from exgrpo_pl.engines.static import StaticCacheEngine
 
-ENGINES = {"hf": HFEngine}
+ENGINES = {"hf": HFEngine, "static": StaticCacheEngine}
 """Engine name -> class; every class takes `(model, sharded=..., **options)`."""
 
 
@@ -34,4 +35,12 @@ def build_engine(name: str, model, sharded: bool = False, options: dict | None =
     return engine_class(model, sharded=sharded, **(options or {}))
 
 
-__all__ = ["ENGINES", "Completions", "HFEngine", "RolloutEngine", "SamplingConfig", "build_engine"]
+__all__ = [
+    "ENGINES",
+    "Completions",
+    "HFEngine",
+    "RolloutEngine",
+    "SamplingConfig",
+    "StaticCacheEngine",
+    "build_engine",
+]

@@ -1,0 +1,299 @@
+"""The `static` rollout engine: a static KV cache and a compiled one-token step with the sampler inside it.
+
+`model.generate` spends most of a decode step in Python: a growing cache, logits processors, and a device
+sync per token to ask whether every row is done. This engine allocates one `StaticCache` per shape bucket
+(rows and cache length rounded up, so steps of similar shape share it and its compiled graphs), runs the
+prompt through it once (prefill, eager), then repeats one compiled function that feeds the last token,
+samples the next (temperature, top-p, greedy at temperature 0) and writes token, log-prob and the
+finished flags into buffers that live in the bucket. On CUDA it is compiled with mode "reduce-overhead", so a
+step is one CUDA-graph replay and the host only asks whether all rows are done every few steps.
+
+It samples with the policy's own parameters: nothing is copied, and an optimizer step that updates them in
+place is seen by the next call (a CUDA graph reads the parameters where they live).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+import transformers
+from torch import Tensor
+from transformers import StaticCache
+
+from exgrpo_pl.engines.base import Completions, SamplingConfig
+from exgrpo_pl.rollout import position_ids_from_mask
+
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+"""Default row counts a batch is padded up to (steps of 1.5x keep the padding under a third)."""
+
+LENGTH_BUCKETS = (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+"""Default KV-cache lengths (prompt + budget rounded up): every decode step attends over the whole cache."""
+
+
+def bucket_size(n: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket >= n; past the largest, the next multiple of the largest."""
+    for size in buckets:
+        if size >= n:
+            return size
+    return -(-n // buckets[-1]) * buckets[-1]
+
+
+def _check_buckets(name: str, buckets) -> tuple[int, ...]:
+    buckets = tuple(buckets)
+    if (
+        not buckets
+        or any(not isinstance(b, int) or b < 1 for b in buckets)
+        or list(buckets) != sorted(buckets)
+    ):
+        raise ValueError(f"{name}={buckets!r}: want a non-empty increasing tuple of positive ints")
+    return buckets
+
+
+class _Bucket:
+    """What one generation shape keeps between calls: the KV cache and every buffer the compiled step touches.
+
+    The buffers are allocated once and marked as static addresses, so a CUDA graph recorded on them stays
+    valid; each call copies its inputs into them in place.
+    """
+
+    def __init__(self, config, rows: int, length: int, device: torch.device) -> None:
+        self.rows, self.length = rows, length
+        self.cache = StaticCache(config=config, max_cache_len=length)
+        self.attention_mask = torch.zeros(rows, length, dtype=torch.bool, device=device)  # [R, L]
+        self.tokens = torch.zeros(rows, length, dtype=torch.long, device=device)  # [R, L] completion columns
+        self.logps = torch.zeros(rows, length, dtype=torch.float32, device=device)  # [R, L]
+        self.last = torch.zeros(rows, 1, dtype=torch.long, device=device)  # [R, 1] token the next step feeds
+        self.position = torch.zeros(rows, 1, dtype=torch.long, device=device)  # [R, 1] its position id
+        self.finished = torch.zeros(rows, dtype=torch.bool, device=device)  # [R] an EOS was written
+        self.step = torch.zeros((), dtype=torch.long, device=device)  # next completion column
+        self.temperature = torch.ones((), dtype=torch.float32, device=device)
+        self.top_p = torch.ones((), dtype=torch.float32, device=device)
+        self.pad = torch.zeros((), dtype=torch.long, device=device)
+        self.eos = torch.zeros(0, dtype=torch.long, device=device)  # [E]
+        for buffer in self._buffers():
+            torch._dynamo.mark_static_address(buffer)
+
+    def _buffers(self) -> list[Tensor]:
+        return [
+            self.attention_mask, self.tokens, self.logps, self.last, self.position, self.finished, self.step,
+            self.temperature, self.top_p, self.pad, self.eos,
+        ]  # fmt: skip
+
+    def load(self, prompt_mask: Tensor, sampling: SamplingConfig) -> None:
+        """Reset for a new call of `[R, P]` (padded) prompts."""
+        self.cache.reset()
+        width = prompt_mask.shape[1]
+        self.attention_mask[:, :width].copy_(prompt_mask)
+        self.attention_mask[:, width:] = True  # the causal mask hides the slots not written yet
+        self.tokens.zero_()
+        self.logps.zero_()
+        self.position.copy_(prompt_mask.sum(1, keepdim=True))  # the first completion token's position
+        self.finished.zero_()
+        self.step.zero_()
+        self.temperature.fill_(max(sampling.temperature, 1e-6))
+        self.top_p.fill_(sampling.top_p)
+        self.pad.fill_(sampling.pad_token_id)
+        eos = torch.tensor(sampling.eos_token_ids, dtype=torch.long, device=self.eos.device)
+        if eos.shape != self.eos.shape:  # a new EOS count is a new graph input shape: recompiles once
+            self.eos = eos
+            torch._dynamo.mark_static_address(self.eos)
+        else:
+            self.eos.copy_(eos)
+
+
+def _nucleus(logprobs: Tensor, top_p: Tensor) -> Tensor:
+    """`[R, V]` log-probs with the tokens outside the top-p nucleus set to -inf (transformers' rule).
+
+    Tokens are dropped, smallest first, while the mass of what is dropped stays <= 1 - top_p; the most
+    likely token is always kept.
+    """
+    ascending, order = logprobs.sort(dim=-1)  # [R, V]
+    dropped = ascending.exp().cumsum(-1) <= 1 - top_p  # [R, V]
+    dropped[:, -1] = False
+    return logprobs.masked_fill(dropped.scatter(-1, order, dropped), float("-inf"))
+
+
+def _pick(logits: Tensor, state: _Bucket, greedy: bool, nucleus: bool) -> None:
+    """Choose each row's next token from `[R, V]` float32 logits and write it into the bucket's buffers.
+
+    A row that already wrote an EOS gets the pad token and log-prob 0. The log-prob is that of the token
+    under softmax(logits / temperature), before any top-p cut: the quantity the training forward
+    (`completion_logps`) recomputes. Greedy decoding draws from a point mass: log-prob 0.
+    """
+    if greedy:
+        token = logits.argmax(-1)  # [R]
+        logp = torch.zeros_like(logits[:, 0])  # [R]
+    else:
+        logprobs = (logits / state.temperature).log_softmax(-1)  # [R, V]
+        candidates = _nucleus(logprobs, state.top_p) if nucleus else logprobs
+        # Gumbel-max: argmax(log p - log E) with E ~ Exp(1) is a draw from p, without a host sync (multinomial
+        # is not capturable in a CUDA graph). E = -log U > 0 for U in [0, 1), so no NaN whatever is -inf.
+        exponential = -torch.rand_like(logprobs).log()  # [R, V]
+        token = (candidates - exponential.log()).argmax(-1)  # [R]
+        logp = logprobs.gather(-1, token[:, None]).squeeze(-1)  # [R]
+    token = torch.where(state.finished, state.pad, token)
+    logp = logp.masked_fill(state.finished, 0.0)
+    state.tokens.index_copy_(1, state.step.view(1), token[:, None])
+    state.logps.index_copy_(1, state.step.view(1), logp[:, None])
+    state.finished.copy_(state.finished | (token[:, None] == state.eos).any(-1))
+    state.last.copy_(token[:, None])
+    state.step.add_(1)
+
+
+def _decode_step(model, state: _Bucket, greedy: bool, nucleus: bool) -> None:
+    """Feed each row's last token through the static cache and pick the next one (what gets compiled)."""
+    logits = model(
+        input_ids=state.last,
+        attention_mask=state.attention_mask,
+        position_ids=state.position,
+        cache=state.cache,
+        use_cache=True,
+    ).logits[:, -1]  # [R, V]
+    state.position.add_(1)
+    _pick(logits.float(), state, greedy, nucleus)
+
+
+class StaticCacheEngine:
+    """Rollouts from a static KV cache and a compiled decode step (see the module docstring).
+
+    Args:
+        model: the policy: a transformers causal LM whose cache can be a `StaticCache` (Llama, Qwen2, Mistral,
+            ...), or a peft model around one.
+        sharded: the parameters are sharded across ranks (ZeRO-3, FSDP); refused, use the `hf` engine.
+        compile: compile the decode step with `torch.compile`. None: on CUDA only (on a CPU, compiling the
+            step does not pay for itself: see benchmarks/generation.py).
+        compile_mode: the `torch.compile` mode. None: "reduce-overhead" (CUDA graphs) on CUDA, the default
+            mode elsewhere.
+        row_buckets: batch sizes rows are padded up to (with copies of real prompts, whose completions are
+            dropped); past the largest, a multiple of it.
+        length_buckets: KV-cache lengths (prompt width + budget) rounded up the same way. Every decode step
+            attends over the whole cache, so coarser buckets cost attention reads as well as memory; finer
+            ones cost a compilation (and a cache) each.
+        max_buckets: shapes kept allocated at once; the least recently used is freed past this.
+        stop_check_interval: decode steps between two checks that every row has written an EOS. A check
+            waits for the device (the host stops queueing steps), so it is not done every step; at most this
+            many - 1 steps run after the last row finished, and are discarded.
+    """
+
+    def __init__(
+        self,
+        model,
+        sharded: bool = False,
+        *,
+        compile: bool | None = None,
+        compile_mode: str | None = None,
+        row_buckets: tuple[int, ...] = ROW_BUCKETS,
+        length_buckets: tuple[int, ...] = LENGTH_BUCKETS,
+        max_buckets: int = 4,
+        stop_check_interval: int = 16,
+    ) -> None:
+        if sharded:
+            raise ValueError(
+                "rollout_engine='static' runs on the policy's own unsharded parameters; under ZeRO-3/FSDP "
+                "they are sharded, so use rollout_engine='hf' (it gathers them at every forward)"
+            )
+        if int(transformers.__version__.split(".")[0]) < 5:
+            raise ValueError(
+                f"rollout_engine='static' needs transformers >= 5 (the `cache=` forward argument); found "
+                f"{transformers.__version__}: use rollout_engine='hf'"
+            )
+        if max_buckets < 1 or stop_check_interval < 1:
+            raise ValueError(
+                f"max_buckets={max_buckets}, stop_check_interval={stop_check_interval}: want >= 1"
+            )
+        self.model = model
+        self.compile = compile
+        self.compile_mode = compile_mode
+        self.row_buckets = _check_buckets("row_buckets", row_buckets)
+        self.length_buckets = _check_buckets("length_buckets", length_buckets)
+        self.max_buckets = max_buckets
+        self.stop_check_interval = stop_check_interval
+        self.allocations = 0
+        """Buckets allocated so far (a repeat shape reuses its bucket and allocates nothing)."""
+        self._buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
+        self._compiled = {}
+
+    def _step_function(self, device: torch.device):
+        """The decode step for `device`: compiled (once per engine and mode) or eager."""
+        compile = self.compile if self.compile is not None else device.type == "cuda"
+        if not compile:
+            return _decode_step
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        if not getattr(base, "_can_compile_fullgraph", False):
+            raise ValueError(
+                f"rollout_engine='static' with compile: {type(base).__name__} does not declare full-graph "
+                "compilation with a static cache; pass compile=False or use rollout_engine='hf'"
+            )
+        mode = self.compile_mode or ("reduce-overhead" if device.type == "cuda" else None)
+        if mode not in self._compiled:
+            self._compiled[mode] = torch.compile(_decode_step, mode=mode, fullgraph=True, dynamic=False)
+        return self._compiled[mode]
+
+    def _bucket(self, rows: int, length: int, device: torch.device, dtype: torch.dtype) -> _Bucket:
+        key = (rows, length, device, dtype)
+        if key in self._buckets:
+            self._buckets.move_to_end(key)
+            return self._buckets[key]
+        while len(self._buckets) >= self.max_buckets:
+            self._buckets.popitem(last=False)
+        self._buckets[key] = _Bucket(self.model.config, rows, length, device)
+        self.allocations += 1
+        return self._buckets[key]
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Completions:
+        """Completions of `[N, P]` left-padded `prompt_ids` (`prompt_mask` bool), one per row."""
+        parameter = next(self.model.parameters())
+        device = parameter.device
+        rows, width = prompt_ids.shape
+        budget = sampling.max_new_tokens
+        padded_rows = bucket_size(rows, self.row_buckets)
+        state = self._bucket(
+            padded_rows, bucket_size(width + budget, self.length_buckets), device, parameter.dtype
+        )
+        source = torch.arange(padded_rows, device=device) % rows  # padding rows copy real prompts
+        prompt_ids = prompt_ids.to(device)[source]  # [R, P]
+        prompt_mask = prompt_mask.to(device=device, dtype=torch.bool)[source]  # [R, P]
+        state.load(prompt_mask, sampling)
+        greedy, nucleus = sampling.temperature <= 0, sampling.top_p < 1
+        step = self._step_function(device)
+        graphs = step is not _decode_step and device.type == "cuda"
+
+        logits = self.model(
+            input_ids=prompt_ids,
+            attention_mask=state.attention_mask,
+            position_ids=position_ids_from_mask(prompt_mask),
+            cache=state.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]  # [R, V]
+        _pick(logits.float(), state, greedy, nucleus)
+        recompiles = max(torch._dynamo.config.recompile_limit, 8 * self.max_buckets)
+        with torch._dynamo.config.patch(recompile_limit=recompiles):
+            for done in range(1, budget):
+                if done % self.stop_check_interval == 0 and bool(state.finished.all()):
+                    break
+                if graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                step(self.model, state, greedy, nucleus)
+        return self._completions(state, rows, sampling)
+
+    @staticmethod
+    def _completions(state: _Bucket, rows: int, sampling: SamplingConfig) -> Completions:
+        """The first `rows` rows, cut to the longest completion (as `generate` stops when all are done)."""
+        tokens = state.tokens[:rows, : int(state.step)]  # [N, S]
+        is_eos = (tokens[..., None] == state.eos).any(-1)  # [N, S]
+        truncated = ~is_eos.any(1)  # [N]
+        lengths = torch.where(truncated, tokens.shape[1], is_eos.int().argmax(1) + 1)  # [N]
+        width = int(lengths.max())
+        mask = torch.arange(width, device=tokens.device) < lengths[:, None]  # [N, C]
+        return Completions(
+            ids=tokens[:, :width].clone(),
+            mask=mask,
+            truncated=truncated,
+            logps=state.logps[:rows, :width].clone(),
+        )
+
+    def weights_changed(self) -> None:
+        """Nothing to do: every step reads the policy's parameters where the optimizer updates them."""

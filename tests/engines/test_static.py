@@ -1,0 +1,231 @@
+"""The static engine against the hf engine: same greedy tokens, log-probs the training forward agrees with,
+reused buckets, weights updated between calls, LoRA; the compiled step in slow tests."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exgrpo_pl.data import ArithmeticTask
+from exgrpo_pl.engines import ENGINES, HFEngine, SamplingConfig, StaticCacheEngine, build_engine
+from exgrpo_pl.engines.static import _Bucket, _nucleus, _pick, bucket_size
+from exgrpo_pl.models import load_policy, load_tokenizer
+from exgrpo_pl.rollout import completion_logps, completion_mask_from_ids
+
+EOS, PAD = 2, 0
+
+
+def sampling(budget: int, temperature: float = 0.0, top_p: float = 1.0) -> SamplingConfig:
+    return SamplingConfig(budget, temperature, top_p, PAD, (EOS,))
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    """The shipped arithmetic policy and 7 left-padded prompts of different widths."""
+    tokenizer = load_tokenizer("embedded:tiny-arith")
+    prompts = [row["prompt"] for row in ArithmeticTask(7, seed=3).rows()]
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True)
+    mask = encoded["attention_mask"].bool()
+    assert len(set(mask.sum(1).tolist())) > 1  # the rows really are padded differently
+    return load_policy("embedded:tiny-arith"), encoded["input_ids"], mask
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    """The random tiny Llama (it rarely writes EOS, so rows run to the budget) and 5 padded prompts."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 16, (5, 6), generator=generator)
+    mask = torch.arange(6) >= torch.tensor([[0], [2], [3], [1], [4]])  # [5, 6] left padding
+    return load_policy(tiny_model_dir), ids.masked_fill(~mask, PAD), mask
+
+
+def assert_same_completions(expected, got):
+    assert torch.equal(got.ids, expected.ids)
+    assert torch.equal(got.mask, expected.mask)
+    assert torch.equal(got.truncated, expected.truncated)
+
+
+def assert_consistent(completions):
+    """Masks and flags are what `completion_mask_from_ids` says of the ids; padding is pad with log-prob 0."""
+    mask, truncated = completion_mask_from_ids(completions.ids, [EOS])
+    assert torch.equal(completions.mask, mask)
+    assert torch.equal(completions.truncated, truncated)
+    assert (completions.ids[~mask] == PAD).all()
+    assert (completions.logps[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("budget", [2, 8])
+def test_greedy_tokens_equal_the_hf_engine_on_the_embedded_policy(embedded, budget):
+    model, ids, mask = embedded
+    expected = HFEngine(model).generate(ids, mask, sampling(budget))
+    got = StaticCacheEngine(model, compile=False).generate(ids, mask, sampling(budget))
+    assert_same_completions(expected, got)
+    assert_consistent(got)
+    assert (got.logps == 0).all()  # greedy draws from a point mass
+    lengths = got.mask.sum(1)
+    if budget == 2:
+        assert got.truncated.any() and not got.truncated.all()  # some rows hit the budget
+    else:
+        assert len(set(lengths.tolist())) > 1 and not got.truncated.any()  # rows end at different steps
+
+
+@pytest.mark.parametrize("stop_check_interval", [1, 3, 16])
+def test_greedy_tokens_equal_the_hf_engine_on_a_random_llama(tiny, stop_check_interval):
+    model, ids, mask = tiny
+    expected = HFEngine(model).generate(ids, mask, sampling(12))
+    engine = StaticCacheEngine(model, compile=False, stop_check_interval=stop_check_interval)
+    got = engine.generate(ids, mask, sampling(12))
+    assert_same_completions(expected, got)
+    assert_consistent(got)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.8)])
+def test_sampled_logps_are_those_the_training_forward_computes(embedded, tiny, temperature, top_p):
+    for model, ids, mask in (embedded, tiny):
+        torch.manual_seed(0)
+        got = StaticCacheEngine(model, compile=False).generate(ids, mask, sampling(10, temperature, top_p))
+        assert_consistent(got)
+        scored, _ = completion_logps(model, ids, mask, got.ids, got.mask, temperature, with_entropy=False)
+        assert torch.allclose(got.logps[got.mask], scored[got.mask], atol=1e-5)
+        assert (got.logps[got.mask] < 0).all()
+
+
+def test_the_same_seed_gives_the_same_samples(tiny):
+    model, ids, mask = tiny
+    engine = StaticCacheEngine(model, compile=False)
+    runs = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        runs.append(engine.generate(ids, mask, sampling(10, temperature=1.0)))
+    assert torch.equal(runs[0].ids, runs[1].ids) and torch.equal(runs[0].logps, runs[1].logps)
+    assert not torch.equal(runs[0].ids, runs[2].ids)
+
+
+def test_budget_of_one_token(embedded):
+    model, ids, mask = embedded
+    got = StaticCacheEngine(model, compile=False).generate(ids, mask, sampling(1))
+    assert_same_completions(HFEngine(model).generate(ids, mask, sampling(1)), got)
+
+
+def test_shapes_in_one_bucket_reuse_its_cache(tiny):
+    model, ids, mask = tiny
+    engine = StaticCacheEngine(
+        model, compile=False, row_buckets=(4, 8), length_buckets=(16, 32), max_buckets=2
+    )
+    engine.generate(ids, mask, sampling(4))  # 5 rows -> 8, 6 + 4 -> 16
+    engine.generate(ids[:3], mask[:3], sampling(8))  # 3 rows -> 4: a second bucket
+    engine.generate(ids[:4], mask[:4], sampling(10))  # 4 rows, 6 + 10 = 16: the second again
+    assert engine.allocations == 2
+    engine.generate(ids, mask, sampling(9))  # 8 x 16 again
+    assert engine.allocations == 2
+    engine.generate(ids, mask, sampling(11))  # 8 x 32: evicts the least recently used (4 x 16)
+    engine.generate(ids[:4], mask[:4], sampling(2))
+    assert engine.allocations == 4
+
+
+def test_bucket_sizes():
+    assert [bucket_size(n, (4, 8)) for n in (1, 4, 5, 8, 9, 17)] == [4, 4, 8, 8, 16, 24]
+    with pytest.raises(ValueError, match="length_buckets"):
+        StaticCacheEngine(torch.nn.Linear(1, 1), length_buckets=(64, 32))
+
+
+def test_updated_weights_are_used_by_the_next_call(tiny):
+    model, ids, mask = tiny
+    model = load_policy(model.name_or_path)  # a copy this test may change
+    engine = StaticCacheEngine(model, compile=False)
+    before = engine.generate(ids, mask, sampling(8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
+    scored, _ = completion_logps(model, ids, mask, before.ids, before.mask, with_entropy=False)
+    scored[before.mask].sum().backward()  # push the greedy tokens up a lot: the argmax moves
+    optimizer.step()
+    engine.weights_changed()
+    after = engine.generate(ids, mask, sampling(8))
+    assert not torch.equal(before.ids, after.ids)
+    assert_same_completions(HFEngine(model).generate(ids, mask, sampling(8)), after)
+
+
+def test_sharded_policies_are_refused_with_a_pointer_to_the_hf_engine(tiny):
+    with pytest.raises(ValueError, match="rollout_engine='hf'"):
+        build_engine("static", tiny[0], sharded=True)
+    assert ENGINES["static"] is StaticCacheEngine
+    assert isinstance(build_engine("static", tiny[0], options={"compile": False}), StaticCacheEngine)
+    with pytest.raises(ValueError, match="do not fit"):
+        build_engine("static", tiny[0], options={"buckets": 3})
+
+
+def test_lora_policy(embedded):
+    peft = pytest.importorskip("peft")
+    model, ids, mask = embedded
+    config = peft.LoraConfig(
+        task_type="CAUSAL_LM",
+        r=4,
+        lora_alpha=64,
+        target_modules=["q_proj", "v_proj"],
+        init_lora_weights=False,
+    )
+    policy = peft.get_peft_model(load_policy("embedded:tiny-arith"), config)
+    got = StaticCacheEngine(policy, compile=False).generate(ids, mask, sampling(8))
+    assert_same_completions(HFEngine(policy).generate(ids, mask, sampling(8)), got)
+    assert not torch.equal(
+        got.ids, HFEngine(model).generate(ids, mask, sampling(8)).ids
+    )  # the adapter counts
+
+
+def test_the_sampler_draws_from_softmax_over_temperature(tiny):
+    """First tokens of 4096 rows on fixed logits: frequencies match softmax(logits / T) (and the cut)."""
+    rows = 4096
+    state = _Bucket(tiny[0].config, rows, 4, torch.device("cpu"))
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 3.0]).expand(rows, 5)
+    for top_p, kept in ((1.0, 5), (0.8, 3)):  # 0.8: the two least likely (mass 0.10) go
+        state.load(torch.ones(rows, 1, dtype=torch.bool), SamplingConfig(2, 1.5, top_p, PAD, (9,)))
+        torch.manual_seed(0)
+        _pick(logits, state, greedy=False, nucleus=top_p < 1)
+        probs = torch.softmax(logits[0] / 1.5, -1)
+        expected = torch.zeros(5)
+        order = probs.argsort(descending=True)[:kept]
+        expected[order] = probs[order] / probs[order].sum()
+        frequencies = torch.bincount(state.tokens[:, 0], minlength=5).float() / rows
+        assert torch.allclose(frequencies, expected, atol=0.025)  # ~4 standard errors
+        assert torch.allclose(state.logps[:, 0], probs.log()[state.tokens[:, 0]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    logits=st.lists(st.floats(-5, 5), min_size=2, max_size=12),
+    top_p=st.floats(0.05, 0.99),
+)
+def test_nucleus_keeps_the_smallest_top_set_with_mass_at_least_top_p(logits, top_p):
+    logprobs = torch.tensor(logits).log_softmax(-1)[None]  # [1, V]
+    kept = _nucleus(logprobs, torch.tensor(top_p))[0] > float("-inf")  # [V]
+    probs = logprobs[0].exp()
+    assert probs[kept].min() >= torch.cat([probs[~kept], torch.zeros(1)]).max()  # the most likely tokens
+    assert probs[kept].sum() >= top_p - 1e-5 or kept.sum() == 1
+    without_smallest = probs[kept].sum() - probs[kept].min()
+    assert kept.sum() == 1 or without_smallest < top_p + 1e-5  # none of them could go
+
+
+@pytest.mark.slow
+def test_compiled_step_equals_eager_and_hf(tiny):
+    """The compiled step: same greedy tokens as hf, one graph per bucket reused, updated weights seen."""
+    from torch._dynamo.utils import counters
+
+    model, ids, mask = tiny
+    model = load_policy(model.name_or_path)
+    engine = StaticCacheEngine(model, compile=True)
+    assert_same_completions(
+        HFEngine(model).generate(ids, mask, sampling(8)), engine.generate(ids, mask, sampling(8))
+    )
+    graphs = counters["stats"]["unique_graphs"]
+    engine.generate(ids[:4], mask[:4], sampling(12))  # same bucket (8 rows x 64)
+    assert counters["stats"]["unique_graphs"] == graphs and engine.allocations == 1
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(-1.5)  # in place, as an optimizer step
+    assert_same_completions(
+        HFEngine(model).generate(ids, mask, sampling(8)), engine.generate(ids, mask, sampling(8))
+    )
+    torch.manual_seed(0)
+    got = engine.generate(ids, mask, sampling(8, temperature=1.0, top_p=0.9))
+    scored, _ = completion_logps(model, ids, mask, got.ids, got.mask, 1.0, with_entropy=False)
+    assert torch.allclose(got.logps[got.mask], scored[got.mask], atol=1e-5)
+    assert_consistent(got)
