@@ -1,8 +1,19 @@
-"""The `exgrpo` command: fit, validate and test run end to end on a tiny model and say where things are."""
+"""The `exgrpo` command: fit, validate and test run end to end on a tiny model and say where things are;
+checkpoints are kill-proof by default, saved when a run stops and found by `--ckpt_path last`."""
+
+import os
+from pathlib import Path
 
 import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
+from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from exgrpo_pl.cli import main
+from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.cli import ExGRPOCLI, main
+from exgrpo_pl.data import PromptDataModule
+from exgrpo_pl.module import ExGRPOModule
 
 
 @pytest.fixture
@@ -26,3 +37,66 @@ def test_fit_prints_logs_and_checkpoint(tiny_args, capsys):
 def test_validate_and_test_report_pass_at_1(tiny_args, subcommand, metric, capsys):
     main([subcommand, *tiny_args])
     assert metric in capsys.readouterr().out
+
+
+def _cli(tiny_args, *extra, run=False):
+    args = ["fit", *tiny_args, *extra] if run else [*tiny_args, *extra]
+    return ExGRPOCLI(ExGRPOModule, PromptDataModule, run=run, args=args)
+
+
+def test_checkpoints_are_kill_proof_by_default(tiny_args):
+    trainer = _cli(tiny_args).trainer
+    assert type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO
+    (checkpoint,) = trainer.checkpoint_callbacks
+    assert type(checkpoint) is SafeModelCheckpoint and checkpoint.save_last == "link"
+
+
+def test_a_configured_checkpoint_io_or_callback_is_kept(tiny_args):
+    trainer = _cli(
+        tiny_args,
+        "--trainer.plugins=lightning.pytorch.plugins.io.AsyncCheckpointIO",
+        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.every_n_train_steps=7",
+    ).trainer
+    assert type(trainer.strategy.checkpoint_io) is AsyncCheckpointIO
+    (checkpoint,) = trainer.checkpoint_callbacks
+    assert type(checkpoint) is ModelCheckpoint and checkpoint._every_n_train_steps == 7
+    assert _cli(tiny_args, "--trainer.enable_checkpointing=false").trainer.checkpoint_callbacks == []
+
+
+def test_a_deepspeed_preset_builds_with_the_atomic_writer(tiny_model_dir, tmp_path):
+    pytest.importorskip("deepspeed")
+    preset = Path(__file__).parents[1] / "configs" / "qwen2.5-math-1.5b_zero2.yaml"
+    overrides = [
+        f"--model.model_name_or_path={tiny_model_dir}", "--model.chat_template=false",
+        "--trainer.accelerator=cpu", "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path}",
+    ]  # fmt: skip
+    trainer = ExGRPOCLI(
+        ExGRPOModule, PromptDataModule, run=False, args=["--config", str(preset), *overrides]
+    ).trainer
+    assert isinstance(trainer.strategy, DeepSpeedStrategy)
+    assert type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO  # used there to remove old checkpoints
+    (checkpoint,) = trainer.checkpoint_callbacks
+    assert type(checkpoint) is SafeModelCheckpoint and checkpoint.save_last == "link"
+
+
+def test_a_run_stopped_between_validations_saves_and_the_next_resumes_from_it(tiny_args, tmp_path):
+    schedule = ["--trainer.val_check_interval=5", "--trainer.check_val_every_n_epoch=null"]  # as quickstart
+    _cli(tiny_args, *schedule, "--trainer.max_steps=3", run=True)
+    first = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    (saved,) = first.glob("epoch=*-step=3.ckpt")  # no validation ran: only the save at train end made it
+    assert os.readlink(first / "last.ckpt") == saved.name
+
+    resumed = _cli(tiny_args, *schedule, "--trainer.max_steps=5", "--ckpt_path=last", run=True).trainer
+    assert resumed.ckpt_path == str(saved)  # found in the previous run's version folder
+    assert resumed.global_step == 5
+    assert len(list((tmp_path / "lightning_logs" / "version_1" / "checkpoints").glob("epoch=*-step=5.ckpt"))) == 1
+
+
+@pytest.mark.slow
+def test_quickstart_stopped_at_40_steps_saves_its_checkpoint(tmp_path):
+    config = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
+    main(["fit", "--config", str(config), "--trainer.max_steps=40", f"--trainer.default_root_dir={tmp_path}"])
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    assert os.readlink(checkpoints / "last.ckpt") == "epoch=0-step=40.ckpt"
+    assert torch.load(checkpoints / "epoch=0-step=40.ckpt", weights_only=True)["global_step"] == 40
