@@ -165,7 +165,8 @@ class ReplayCallback(Callback):
             pass_rate = trainer.strategy.reduce(pass_rate, reduce_op="mean")
             self.pass_rate_reached = float(pass_rate) > self.start_pass_rate
         started = time.perf_counter()
-        self.buffer.add(rollouts.to("cpu"))
+        if not outputs.get("skipped", False):  # a skipped update's rows were never fully scored
+            self.buffer.add(rollouts.to("cpu"))
         self.last_timings["timing/replay_add"] = time.perf_counter() - started
         self._log(trainer, pl_module, rollouts)
 

@@ -8,7 +8,12 @@ a logger sees.
 
 from __future__ import annotations
 
+import torch
 from lightning.pytorch import Trainer
+from torch import Tensor
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.rollout import completion_mask_from_ids
 
 
 def writes_step_metrics(trainer: Trainer) -> bool:
@@ -25,3 +30,31 @@ def writes_step_metrics(trainer: Trainer) -> bool:
     )
     run_ends = trainer.max_steps > 0 and loop._batches_that_stepped + 1 >= trainer.max_steps
     return trainer._logger_connector.should_update_logs or epoch_ends or run_ends
+
+
+def step_metrics(
+    rollouts: RolloutBatch, eos_token_ids: list[int], stats: dict, timings: dict[str, float]
+) -> dict[str, Tensor]:
+    """A training step's metrics under TRL's names (`train/*`), plus its `timing/*` seconds.
+
+    Args:
+        rollouts: what the step trained on.
+        eos_token_ids: ids that end a completion (a completion without one was clipped by the budget).
+        stats: `train/<key>` values: the update's statistics and the module's counters.
+        timings: `timing/*` and `train/rewards/*` values, logged under their own names.
+    """
+    _, truncated = completion_mask_from_ids(rollouts.completion_ids, eos_token_ids)
+    metrics = {
+        **{key: torch.as_tensor(float(value)) for key, value in timings.items()},
+        **{f"train/{key}": torch.as_tensor(value, dtype=torch.float32) for key, value in stats.items()},
+        "train/reward": rollouts.rewards.mean(),
+        "train/pass@1": rollouts.correct.float().mean(),
+        "train/completions/mean_length": rollouts.completion_lengths.float().mean(),
+        "train/completions/clipped_ratio": truncated.float().mean(),
+        "train/entropy": rollouts.entropy.mean(),
+    }
+    if rollouts.group_size > 1:  # a swap batch has no groups
+        group_std = rollouts.rewards.view(-1, rollouts.group_size).std(1)
+        metrics["train/reward_std"] = group_std.mean()
+        metrics["train/frac_reward_zero_std"] = (group_std == 0).float().mean()
+    return metrics

@@ -2,55 +2,43 @@
 
 Alone it trains plain GRPO: K rollouts per prompt, verifiable rewards, group advantages, a clipped policy
 gradient step. With `exgrpo_pl.callbacks.ReplayCallback` it trains ExGRPO: the callback puts replayed
-experience into the batch and the module mixes it in (see `exgrpo_pl.contract`).
+experience into the batch and the module mixes it in (`exgrpo_pl.groups`). Rollouts are sampled by a rollout
+engine (`exgrpo_pl.engines`) and scored by a `RolloutCollector` (`exgrpo_pl.collect`).
 
     exgrpo fit --config configs/quickstart.yaml
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from copy import deepcopy
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import get_scheduler
 
-from exgrpo_pl.batch import RolloutBatch, pad_sequences
-from exgrpo_pl.contract import Experience
-from exgrpo_pl.logging_steps import writes_step_metrics
-from exgrpo_pl.losses import (
-    LOSS_TYPES,
-    OFF_POLICY_CORRECTIONS,
-    SCALE_REWARDS,
-    LossNormaliser,
-    compute_grpo_loss,
-    compute_importance_weights,
-    group_advantages,
-    masked_mean,
-)
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.collect import RolloutCollector
+from exgrpo_pl.data import PromptDataModule
+from exgrpo_pl.engines import SamplingConfig, build_engine, check_engine
+from exgrpo_pl.groups import RolloutPlan, assemble_groups, plan_rollouts
+from exgrpo_pl.logging_steps import step_metrics, writes_step_metrics
+from exgrpo_pl.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
+from exgrpo_pl.mixin import ReplayMixin
 from exgrpo_pl.models import DTYPES, load_policy, load_tokenizer, lora_config
-from exgrpo_pl.rewards import ArithmeticReward, compute_rewards
-from exgrpo_pl.rollout import (
-    completion_logps,
-    completion_mask_from_ids,
-    num_micro_batches,
-    sample_completions,
-    score_entropy,
-)
+from exgrpo_pl.rewards import ArithmeticReward
+from exgrpo_pl.seeding import derive_seed
 from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
+from exgrpo_pl.update import NonFiniteGuard, policy_update
+from exgrpo_pl.validation import check_choice, check_numbers
 
-# Batch keys the module consumes itself; every other list-valued key is a dataset column for the rewards.
-_RESERVED_KEYS = ("prompt", "question_id", "experience")
 
-
-class ExGRPOModule(LightningModule):
+class ExGRPOModule(ReplayMixin, LightningModule):
     """GRPO with manual optimization; ExGRPO when a `ReplayCallback` is attached.
 
     Args:
@@ -58,12 +46,18 @@ class ExGRPOModule(LightningModule):
         reward_funcs: reward functions, TRL's protocol `fn(prompts, completions, **columns) -> list[float]`.
             Defaults to the synthetic task's exact verifier.
         reward_weights: one weight per reward function (default 1.0 each).
+        reward_timeout: seconds one reward function may take per batch before the run stops with an error
+            naming it; None: no limit.
         num_generations: K, rollouts per prompt (>= 2: a group of one has no advantage).
-        max_prompt_length: longest prompt in tokens; longer prompts are an error unless `truncate_prompts`.
+        max_prompt_length: longest prompt in tokens; longer prompts are an error (found before training)
+            unless `truncate_prompts`.
         truncate_prompts: keep the last `max_prompt_length` tokens of a long prompt instead of failing.
         max_completion_length: generation budget in tokens.
         temperature: sampling temperature (> 0).
         top_p: nucleus sampling mass in (0, 1].
+        rollout_engine: what samples rollouts: "hf" (`model.generate`, runs everywhere) or "static" (a
+            compiled static-cache decoder, much faster on a GPU), see `exgrpo_pl.engines`.
+        rollout_engine_options: keyword arguments of the engine's class.
         loss_type: "grpo" (per-sequence mean), "dr_grpo" (constant normaliser), "dapo" (token mean).
         scale_rewards: divide advantages by the "group" std, the "batch" std, or "none".
         epsilon: lower clipping range of the ratio.
@@ -77,6 +71,8 @@ class ExGRPOModule(LightningModule):
         warmup_steps: linear warm-up steps of the schedule.
         lr_scheduler_type: a transformers schedule name ("constant_with_warmup", "cosine", "linear", ...).
         max_grad_norm: gradient clipping by total norm; 0 disables it.
+        max_nonfinite_steps: an update whose loss or gradient norm is NaN or infinite is skipped (the weights
+            stay as they were, `train/nonfinite_steps` counts it); this many in a row stop the run.
         micro_batch_size: rollouts per forward/backward (bounds activation memory); None = all at once.
         correct_threshold: a rollout is correct when its reward exceeds this.
         off_policy_correction: weight of replayed tokens: "shaping" (w / (w + shaping_beta)),
@@ -84,10 +80,8 @@ class ExGRPOModule(LightningModule):
         shaping_beta: beta of policy shaping (paper: 0.1).
         is_truncation: cap of truncated importance sampling.
         val_temperature: sampling temperature of validation pass@1; None = `temperature`, 0 = greedy.
-        val_num_generations: completions sampled per validation prompt; pass@1 is their mean correctness
-            (more samples, less noise).
-        validate_at_start: measure validation pass@1 once before the first update (logged at step 0), so
-            every run shows where it started.
+        val_num_generations: completions sampled per validation prompt; pass@1 is their mean correctness.
+        validate_at_start: measure validation pass@1 once before the first update (logged at step 0).
         chat_template: wrap each prompt as a user message with the tokenizer's chat template.
         dtype: parameter dtype of the policy ("float32", "bfloat16", "float16").
         attn_implementation: attention kernel passed to `from_pretrained`.
@@ -102,12 +96,15 @@ class ExGRPOModule(LightningModule):
         model_name_or_path: str = "embedded:tiny-arith",
         reward_funcs: list[Callable] | None = None,
         reward_weights: list[float] | None = None,
+        reward_timeout: float | None = 300.0,
         num_generations: int = 8,
         max_prompt_length: int = 512,
         truncate_prompts: bool = False,
         max_completion_length: int = 256,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        rollout_engine: str = "hf",
+        rollout_engine_options: dict | None = None,
         loss_type: str = "dapo",
         scale_rewards: str = "group",
         epsilon: float = 0.2,
@@ -121,6 +118,7 @@ class ExGRPOModule(LightningModule):
         warmup_steps: int = 0,
         lr_scheduler_type: str = "constant_with_warmup",
         max_grad_norm: float = 1.0,
+        max_nonfinite_steps: int = 3,
         micro_batch_size: int | None = None,
         correct_threshold: float = 0.5,
         off_policy_correction: str = "shaping",
@@ -140,34 +138,42 @@ class ExGRPOModule(LightningModule):
         _validate(self.hparams)
         self.automatic_optimization = False
         self.num_generations = num_generations
-        self.reward_funcs = list(reward_funcs) if reward_funcs else [ArithmeticReward()]
-        if reward_weights is not None and len(reward_weights) != len(self.reward_funcs):
+        reward_funcs = list(reward_funcs) if reward_funcs else [ArithmeticReward()]
+        if reward_weights is not None and len(reward_weights) != len(reward_funcs):
             raise ValueError(
-                f"reward_weights has {len(reward_weights)} entries for {len(self.reward_funcs)} reward_funcs"
+                f"reward_weights has {len(reward_weights)} entries for {len(reward_funcs)} reward_funcs"
             )
-        self.reward_weights = reward_weights
         self.tokenizer = load_tokenizer(model_name_or_path)
         if chat_template and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(
                 f"chat_template=True but the tokenizer of {model_name_or_path!r} has no chat template"
             )
+        self.collector = RolloutCollector(
+            self.tokenizer, reward_funcs, reward_weights,
+            max_prompt_length=max_prompt_length, truncate_prompts=truncate_prompts,
+            chat_template=chat_template, correct_threshold=correct_threshold, reward_timeout=reward_timeout,
+        )  # fmt: skip
         self.lora_config = lora_config(lora) if lora else None
         eos = self.tokenizer.eos_token_id
         self.eos_token_ids = eos if isinstance(eos, list) else [eos]
-        self.policy = None
-        self.reference = None
+        self.policy = self.reference = self.engine = None
         self.val_pass_at_1 = MeanMetric()
         self.test_pass_at_1 = MeanMetric()
         self.num_tokens = 0  # prompt + completion tokens trained on (TRL's num_tokens)
         self.generated_tokens = 0  # completion tokens sampled; replay saves these, so budgets compare on it
+        self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
         # The last training step's seconds per phase ("timing/*") and per-function reward means, as floats:
         # logged on logging steps, readable on every step.
         self.last_step_metrics: dict[str, float] = {}
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
-        """Reject a strategy config that conflicts with the trainer or this module, before any training."""
+        """Before any training: reject a conflicting strategy config and prompts longer than allowed."""
         check_strategy(self.trainer, self, self.trainer.datamodule)
+        data = self.trainer.datamodule  # set up before the module (Lightning's order)
+        if stage == "fit" and isinstance(data, PromptDataModule):
+            self.collector.check_prompt_lengths(data.train_rows, "training data")
+            self.collector.check_prompt_lengths(data.val_rows, "validation data")
 
     def configure_model(self) -> None:
         """Build the policy (and the frozen reference when beta > 0) once, inside the strategy's context."""
@@ -187,6 +193,8 @@ class ExGRPOModule(LightningModule):
             self.policy = get_peft_model(self.policy, self.lora_config)
         elif hp.beta > 0:
             self.reference = deepcopy(self.policy).eval().requires_grad_(False)
+        sharded = self._trainer is not None and needs_synced_generation(self._trainer)
+        self.engine = build_engine(hp.rollout_engine, self.policy, sharded, hp.rollout_engine_options)
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -199,20 +207,23 @@ class ExGRPOModule(LightningModule):
     # ------------------------------------------------------------------------------------- the step
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         started = time.perf_counter()
-        # Step metrics gathered on the way: timings, and per-function reward means.
         metrics = {"timing/generation": 0.0, "timing/reward": 0.0}
-        experience: Experience | None = batch.get("experience")
-        if experience is not None and experience.mode == "swap":
-            rollouts = experience.rollouts.to(self.device)
-        else:
-            replayed = experience.rollouts.to(self.device) if experience is not None else None
-            rollouts = self._collect(batch, replayed, metrics)
+        plan = plan_rollouts(batch, self.num_generations)
+        fresh = None
+        if plan.mode != "swap":
+            fresh, collected = self._collect(plan, self.hparams.temperature)
+            self.generated_tokens += int(collected.pop("generated_tokens"))
+            metrics.update(collected)
+        rollouts = assemble_groups(plan, fresh, self.hparams.scale_rewards).to(self.device)
         update_started = time.perf_counter()
-        stats = self._update(rollouts)
+        stats = policy_update(self, rollouts, self.nonfinite)
         metrics["timing/forward_backward"] = time.perf_counter() - update_started
+        if math.isfinite(stats["loss"]):
+            self.num_tokens += int(rollouts.prompt_mask.sum() + rollouts.completion_mask.sum())
         self.last_step_metrics = metrics
         self._step_record = (rollouts, stats, metrics, time.perf_counter() - started)
-        return {"loss": stats["loss"], "rollouts": rollouts}
+        # A skipped update never finished scoring its rows (behaviour log-probs, entropy): nothing to store.
+        return {"loss": stats["loss"], "rollouts": rollouts, "skipped": not math.isfinite(stats["loss"])}
 
     def on_train_batch_end(self, outputs: dict, batch: dict, batch_idx: int) -> None:
         # Logged here, not in training_step: this hook runs after every callback's, so a callback that stops
@@ -220,350 +231,74 @@ class ExGRPOModule(LightningModule):
         # write this step; `writes_step_metrics` then says so.
         self._log_step(*self._step_record)
 
-    def _collect(self, batch: dict, replayed: RolloutBatch | None, metrics: dict[str, float]) -> RolloutBatch:
-        """Generate and score a batch; in mix mode each replayed question gets K-1 fresh rollouts."""
-        k = self.num_generations
-        n_replayed = len(replayed) if replayed is not None else 0
-        n_fresh = max(len(batch["prompt"]) - n_replayed, 0)  # replayed questions take the batch's last places
-        prompts = batch["prompt"][:n_fresh]
-        prompt_rows = self._encode_prompts(prompts, batch["question_id"][:n_fresh])
-        # Replayed questions carry only their answer and domain; other dataset columns are None for them.
-        columns = {key: list(value[:n_fresh]) + [None] * n_replayed for key, value in _columns(batch).items()}
-        question_ids = batch["question_id"][:n_fresh].to(self.device)
-        repeats = [k] * n_fresh
-        if n_replayed:
-            prompt_rows += [
-                row[mask] for row, mask in zip(replayed.prompt_ids.cpu(), replayed.prompt_mask.cpu())
-            ]
-            prompts = list(prompts) + replayed.prompts
-            columns["answer"] = (
-                columns.get("answer", [None] * (n_fresh + n_replayed))[:n_fresh] + replayed.answers
-            )
-            if replayed.domains is not None and "domain" in columns:
-                columns["domain"][n_fresh:] = replayed.domains
-            question_ids = torch.cat([question_ids, replayed.question_ids])
-            repeats += [k - 1] * n_replayed
-
-        fresh = self._generate(prompt_rows, prompts, columns, question_ids, repeats, metrics)
-        if n_replayed:
-            # Order: on-policy groups, then per replayed question its stored row followed by K-1 fresh rows.
-            both = RolloutBatch.cat([fresh, replayed], group_size=1)
-            order = list(range(n_fresh * k))
-            for j in range(n_replayed):
-                order.append(len(fresh) + j)
-                start = n_fresh * k + j * (k - 1)
-                order.extend(range(start, start + k - 1))
-            rollouts = both.select(order, group_size=k)
-        else:
-            rollouts = fresh
-            rollouts.group_size = k
-        rollouts.advantages = group_advantages(rollouts.rewards, k, self.hparams.scale_rewards)
-        return rollouts
-
-    def _generate(self, prompt_rows, prompts, columns, question_ids, repeats, metrics) -> RolloutBatch:
-        """Sample `repeats[i]` completions of prompt i and score them with the reward functions."""
+    def _collect(self, plan: RolloutPlan, temperature: float) -> tuple[RolloutBatch, dict[str, float]]:
         hp = self.hparams
-        counts = torch.tensor(repeats, device=self.device)
-        prompt_ids, prompt_mask = pad_sequences(
-            [row for row, r in zip(prompt_rows, repeats) for _ in range(r)],
-            left=True,
-            pad_value=self.tokenizer.pad_token_id,
-        )
-        prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
-        started = time.perf_counter()
-        completion_ids, completion_mask, _ = sample_completions(
-            self.policy,
-            prompt_ids,
-            prompt_mask,
-            max_new_tokens=hp.max_completion_length,
-            temperature=hp.temperature,
-            top_p=hp.top_p,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_ids=self.eos_token_ids,
-            synced_gpus=self._synced_generation(),
-        )
-        metrics["timing/generation"] = time.perf_counter() - started
-        self.generated_tokens += int(completion_mask.sum())
+        sampling = SamplingConfig(
+            hp.max_completion_length, temperature, hp.top_p, self.tokenizer.pad_token_id,
+            tuple(self.eos_token_ids),
+        )  # fmt: skip
+        return self.collector.collect(self.engine, plan, sampling, self.global_step, self.device)
 
-        started = time.perf_counter()
-        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        row_prompts = [p for p, r in zip(prompts, repeats) for _ in range(r)]
-        row_columns = {
-            key: [v for v, r in zip(value, repeats) for _ in range(r)] for key, value in columns.items()
-        }
-        rewards, per_function = compute_rewards(
-            self.reward_funcs, self.reward_weights, row_prompts, completions, row_columns
-        )
-        metrics["timing/reward"] = time.perf_counter() - started
-        for name, values in per_function.items():
-            metrics[f"train/rewards/{name}/mean"] = float(values.nanmean())
-
-        n = prompt_ids.shape[0]
-        rewards = rewards.to(self.device, torch.float32)
-        zeros = torch.zeros(n, device=self.device)
-        return RolloutBatch(
-            question_ids=question_ids.repeat_interleave(counts),
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            completion_ids=completion_ids,
-            completion_mask=completion_mask,
-            behaviour_logps=torch.zeros(completion_ids.shape, device=self.device),  # filled by _update
-            rewards=rewards,
-            correct=rewards > hp.correct_threshold,
-            entropy=zeros.clone(),  # filled by _update from the same forward pass
-            advantages=zeros,
-            policy_version=torch.full((n,), self.global_step, device=self.device, dtype=torch.long),
-            replayed=torch.zeros(n, dtype=torch.bool, device=self.device),
-            group_size=1,
-            prompts=row_prompts,
-            completions=completions,
-            answers=[str(a) for a in row_columns.get("answer", [""] * n)],
-            domains=row_columns.get("domain"),
-        )
-
-    def _update(self, rollouts: RolloutBatch) -> dict[str, Tensor]:
-        """`num_iterations` optimizer steps on the batch, accumulated over micro-batches.
-
-        The first forward pass of each row, taken before any update, gives the fresh rows their behaviour
-        log-probs and entropy (what the buffer stores) and the old log-probs of the clipped ratio.
-        """
-        hp = self.hparams
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        loss_mask = rollouts.completion_mask
-        if hp.mask_truncated_completions:
-            _, truncated = completion_mask_from_ids(rollouts.completion_ids, self.eos_token_ids)
-            loss_mask = loss_mask & ~truncated.unsqueeze(1)
-        normaliser = LossNormaliser(len(rollouts), int(loss_mask.sum()), hp.max_completion_length)
-        fresh = ~rollouts.replayed
-        old_logps = torch.zeros_like(rollouts.behaviour_logps)
-        size = hp.micro_batch_size or len(rollouts)
-        totals: dict[str, float] = {}
-        for iteration in range(hp.num_iterations):
-            for start in range(0, len(rollouts), size):
-                rows = slice(start, start + size)
-                logps, entropy = completion_logps(
-                    self.policy,
-                    rollouts.prompt_ids[rows],
-                    rollouts.prompt_mask[rows],
-                    rollouts.completion_ids[rows],
-                    rollouts.completion_mask[rows],
-                    hp.temperature,
-                )
-                if iteration == 0:
-                    old_logps[rows] = logps.detach()
-                    keep = fresh[rows].unsqueeze(1)
-                    scored = logps.detach().masked_fill(~rollouts.completion_mask[rows], 0.0)
-                    rollouts.behaviour_logps[rows] = torch.where(keep, scored, rollouts.behaviour_logps[rows])
-                    row_entropy = masked_mean(entropy.detach(), rollouts.completion_mask[rows], dim=1)
-                    rollouts.entropy[rows] = torch.where(fresh[rows], row_entropy, rollouts.entropy[rows])
-                loss, stats = compute_grpo_loss(
-                    logps,
-                    old_logps[rows],
-                    rollouts.advantages[rows],
-                    loss_mask[rows],
-                    normaliser,
-                    loss_type=hp.loss_type,
-                    epsilon_low=hp.epsilon,
-                    epsilon_high=hp.epsilon_high or hp.epsilon,
-                    importance_weights=self._importance_weights(logps, rollouts, rows),
-                    replayed=rollouts.replayed[rows],
-                    ref_logps=self._reference_logps(rollouts, rows),
-                    beta=hp.beta,
-                    entropy=entropy,
-                    entropy_coef=hp.entropy_coef,
-                )
-                self.manual_backward(loss)
-                share = min(size, len(rollouts) - start) / len(rollouts)
-                _accumulate(totals, {"loss": loss.detach(), **stats}, share)
-            grad_norm = self._clip_gradients(optimizer)
-            optimizer.step()
-            if grad_norm is None:
-                grad_norm = float(self.trainer.strategy.deepspeed_engine.get_global_grad_norm() or 0.0)
-            totals["grad_norm"] = grad_norm
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-        self.num_tokens += int(rollouts.prompt_mask.sum() + rollouts.completion_mask.sum())
-        return {key: torch.as_tensor(value) for key, value in totals.items()}
-
-    def _importance_weights(self, logps: Tensor, rollouts: RolloutBatch, rows: slice) -> Tensor | None:
-        if not bool(rollouts.replayed[rows].any()):
-            return None
-        hp = self.hparams
-        return compute_importance_weights(
-            logps,
-            rollouts.behaviour_logps[rows],
-            rollouts.completion_mask[rows],
-            hp.off_policy_correction,
-            hp.shaping_beta,
-            hp.is_truncation,
-        )
-
-    def _reference_logps(self, rollouts: RolloutBatch, rows: slice) -> Tensor | None:
-        if self.hparams.beta == 0:
-            return None
-        # With LoRA the reference is the base model: the same weights with the adapter switched off.
-        reference = self.reference if self.lora_config is None else self.policy
-        adapter_off = self.policy.disable_adapter() if self.lora_config is not None else nullcontext()
-        with torch.no_grad(), adapter_off:
-            logps, _ = completion_logps(
-                reference,
-                rollouts.prompt_ids[rows],
-                rollouts.prompt_mask[rows],
-                rollouts.completion_ids[rows],
-                rollouts.completion_mask[rows],
-                self.hparams.temperature,
-                with_entropy=False,
-            )
-        return logps
-
-    def _clip_gradients(self, optimizer) -> float | None:
-        """Total gradient norm before clipping (TRL's grad_norm); clips when max_grad_norm > 0.
-
-        Under DeepSpeed the engine owns the (sharded) gradients and clips inside its step with
-        `gradient_clipping` (set from max_grad_norm by `check_strategy`): None here, read after the step.
-        """
-        if isinstance(self.trainer.strategy, DeepSpeedStrategy):
-            return None
-        grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
-        norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-        if self.hparams.max_grad_norm > 0:
-            self.clip_gradients(
-                optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
-            )
-        return norm
-
-    # ------------------------------------------------------------------------------------ helpers
-    def _encode_prompts(self, prompts: list[str], question_ids: Tensor) -> list[Tensor]:
-        """Token ids of each prompt; too long is an error naming the question, unless truncation is on."""
-        hp = self.hparams
-        if hp.chat_template:
-            prompts = [
-                self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-                )
-                for p in prompts
-            ]
-        encoded = self.tokenizer(list(prompts), add_special_tokens=not hp.chat_template)["input_ids"]
-        rows = []
-        for ids, prompt, qid in zip(encoded, prompts, question_ids.tolist()):
-            if len(ids) > hp.max_prompt_length:
-                if not hp.truncate_prompts:
-                    raise ValueError(
-                        f"prompt of question_id={qid} has {len(ids)} tokens > max_prompt_length="
-                        f"{hp.max_prompt_length} (truncate_prompts: true keeps the end): {prompt[:60]!r}"
-                    )
-                ids = ids[-hp.max_prompt_length :]
-            rows.append(torch.tensor(ids, dtype=torch.long))
-        return rows
-
-    def _synced_generation(self) -> bool:
-        """Under ZeRO-3 every rank must keep stepping `generate` until all are done, or ranks deadlock."""
-        return self._trainer is not None and needs_synced_generation(self._trainer)
-
-    def score_entropy(self, rollouts: RolloutBatch, num_forwards: int | None = None) -> Tensor:
-        """`[N]` mean completion-token entropy under the current policy (the paper's trajectory selection).
-
-        `num_forwards`: run exactly that many forwards (see `exgrpo_pl.contract.ReplayableModule`).
-        """
-        return score_entropy(
-            self.policy,
-            rollouts.to(self.device),
-            self.hparams.temperature,
-            self._entropy_micro_batch_size(),
-            num_forwards=num_forwards,
-            pad_token_id=self.tokenizer.pad_token_id,
-        )
-
-    def entropy_forwards(self, rollouts: RolloutBatch) -> int:
-        """Policy forwards that `score_entropy(rollouts)` runs: one per micro-batch."""
-        return num_micro_batches(len(rollouts), self._entropy_micro_batch_size())
-
-    def _entropy_micro_batch_size(self) -> int:
-        return self.hparams.micro_batch_size or 64
-
-    def _log_step(
-        self, rollouts: RolloutBatch, stats: dict[str, Tensor], metrics: dict, step_time: float
-    ) -> None:
-        reward, pass_rate = rollouts.rewards.mean(), rollouts.correct.float().mean()
+    # --------------------------------------------------------------------------------- logging
+    def _log_step(self, rollouts: RolloutBatch, stats: dict, timings: dict, step_time: float) -> None:
         if self.trainer.progress_bar_callback is not None:  # each `self.log` costs about a millisecond
-            self.log("reward", reward, prog_bar=True, logger=False, batch_size=len(rollouts))
+            self.log("reward", rollouts.rewards.mean(), prog_bar=True, logger=False, batch_size=len(rollouts))
+            pass_rate = rollouts.correct.float().mean()
             self.log("pass@1", pass_rate, prog_bar=True, logger=False, batch_size=len(rollouts))
         if not writes_step_metrics(self.trainer):  # the full set only when a logger will see it
             return
-        lengths = rollouts.completion_lengths.float()
-        _, truncated = completion_mask_from_ids(rollouts.completion_ids, self.eos_token_ids)
-        metrics = {
-            **{key: torch.tensor(value) for key, value in metrics.items()},
-            "train/reward": reward,
-            "train/pass@1": pass_rate,
-            "train/completions/mean_length": lengths.mean(),
-            "train/completions/clipped_ratio": truncated.float().mean(),
-            "train/entropy": rollouts.entropy.mean(),
-            "train/learning_rate": torch.tensor(self.optimizers().param_groups[0]["lr"]),
-            "train/num_tokens": torch.tensor(float(self.num_tokens)),
-            "train/generated_tokens": torch.tensor(float(self.generated_tokens)),
-            "train/step_time": torch.tensor(step_time),
-            **{f"train/{key}": value for key, value in stats.items()},
+        counters = {
+            "learning_rate": self.optimizers().param_groups[0]["lr"],
+            "num_tokens": self.num_tokens,
+            "generated_tokens": self.generated_tokens,
+            "step_time": step_time,
         }
-        if rollouts.group_size > 1:  # a swap batch has no groups
-            group_std = rollouts.rewards.view(-1, rollouts.group_size).std(1)
-            metrics["train/reward_std"] = group_std.mean()
-            metrics["train/frac_reward_zero_std"] = (group_std == 0).float().mean()
+        metrics = step_metrics(rollouts, self.eos_token_ids, {**stats, **counters}, timings)
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollouts))
 
     # -------------------------------------------------------------------------------- evaluation
-    def _pass_rate(self, batch: dict) -> Tensor:
-        """`[B * n]` 1.0 where a completion sampled at `val_temperature` is correct, n per prompt."""
-        hp = self.hparams
-        n = hp.val_num_generations
-        temperature = hp.temperature if hp.val_temperature is None else hp.val_temperature
-        prompt_ids, prompt_mask = pad_sequences(
-            [row for row in self._encode_prompts(batch["prompt"], batch["question_id"]) for _ in range(n)],
-            left=True,
-            pad_value=self.tokenizer.pad_token_id,
-        )
-        completion_ids, _, _ = sample_completions(
-            self.policy,
-            prompt_ids.to(self.device),
-            prompt_mask.to(self.device),
-            max_new_tokens=hp.max_completion_length,
-            temperature=temperature,
-            top_p=hp.top_p,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_ids=self.eos_token_ids,
-            synced_gpus=self._synced_generation(),
-        )
-        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        prompts = [p for p in batch["prompt"] for _ in range(n)]
-        columns = {key: [v for v in value for _ in range(n)] for key, value in _columns(batch).items()}
-        rewards, _ = compute_rewards(self.reward_funcs, self.reward_weights, prompts, completions, columns)
-        return (rewards > hp.correct_threshold).float().to(self.device)
+    def _pass_rate(self, batch: dict, batch_idx: int) -> Tensor:
+        """`[B * n]` 1.0 where a completion sampled at `val_temperature` is correct, n per prompt.
 
-    def _evaluate(self, batch: dict, metric: MeanMetric, name: str) -> None:
-        metric.update(self._pass_rate(batch))
+        Validation samples from a generator of its own (forked from, and restored into, the global one), so
+        how often a run validates never changes what its training steps sample.
+        """
+        hp = self.hparams
+        temperature = hp.temperature if hp.val_temperature is None else hp.val_temperature
+        plan = plan_rollouts(batch, hp.val_num_generations)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(derive_seed("validation", self.global_step, batch_idx))
+            rollouts, _ = self._collect(plan, temperature)
+        return rollouts.correct.float()
+
+    def _evaluate(self, batch: dict, batch_idx: int, metric: MeanMetric, name: str) -> None:
+        metric.update(self._pass_rate(batch, batch_idx))
         self.log(name, metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(batch["prompt"]))
 
     def on_train_start(self) -> None:
-        if not self.hparams.validate_at_start or self.trainer.datamodule is None:
+        # A resumed run measured its start already, and logged it at step 0.
+        if not self.hparams.validate_at_start or self.trainer.datamodule is None or self.global_step > 0:
             return
         start = MeanMetric().to(self.device)
-        for batch in self.trainer.datamodule.val_dataloader():
-            start.update(self._pass_rate(batch))
+        for batch_idx, batch in enumerate(self.trainer.datamodule.val_dataloader()):
+            start.update(self._pass_rate(batch, batch_idx))
         value = float(start.compute())
         if self.logger is not None:
             self.logger.log_metrics({"val/pass@1": value}, step=self.global_step)
         rank_zero_info(f"val/pass@1 before training: {value:.3f}")
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_pass_at_1, "val/pass@1")
+        self._evaluate(batch, batch_idx, self.val_pass_at_1, "val/pass@1")
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_pass_at_1, "test/pass@1")
+        self._evaluate(batch, batch_idx, self.test_pass_at_1, "test/pass@1")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["token_counts"] = {
             "num_tokens": self.num_tokens,
             "generated_tokens": self.generated_tokens,
+            "nonfinite_steps": self.nonfinite.skipped,
         }
         # The sampling RNG, so that a resumed run generates what the uninterrupted run would have.
         checkpoint["sampling_rng"] = torch.get_rng_state()
@@ -572,47 +307,36 @@ class ExGRPOModule(LightningModule):
         counts = checkpoint.get("token_counts", {})
         self.num_tokens = counts.get("num_tokens", 0)
         self.generated_tokens = counts.get("generated_tokens", 0)
+        self.nonfinite.skipped = counts.get("nonfinite_steps", 0)
         if "sampling_rng" in checkpoint:
             torch.set_rng_state(checkpoint["sampling_rng"])
 
 
-def _columns(batch: dict) -> dict[str, list]:
-    """The dataset columns of a batch that reward functions receive as keyword arguments."""
-    return {
-        key: list(value)
-        for key, value in batch.items()
-        if key not in _RESERVED_KEYS and isinstance(value, (list, tuple))
-    }
-
-
-def _accumulate(totals: dict[str, float], values: dict[str, Tensor], share: float) -> None:
-    """Sum the loss over micro-batches (it is already normalised by the whole batch); average the rest."""
-    for key, value in values.items():
-        weight = 1.0 if key == "loss" else share
-        totals[key] = totals.get(key, 0.0) + weight * float(value)
-
-
-# (name, lowest allowed, whether the lowest is itself allowed); None values mean "use the default".
-_LOWER_BOUNDS = [
-    ("num_generations", 2, True),
-    ("max_prompt_length", 1, True),
-    ("max_completion_length", 1, True),
-    ("temperature", 0.0, False),
-    ("top_p", 0.0, False),
-    ("epsilon", 0.0, True),
-    ("epsilon_high", 0.0, True),
-    ("num_iterations", 1, True),
-    ("beta", 0.0, True),
-    ("entropy_coef", 0.0, True),
-    ("learning_rate", 0.0, False),
-    ("warmup_steps", 0, True),
-    ("max_grad_norm", 0.0, True),
-    ("micro_batch_size", 1, True),
-    ("shaping_beta", 0.0, False),
-    ("is_truncation", 0.0, False),
-    ("val_temperature", 0.0, True),
-    ("val_num_generations", 1, True),
-]
+_NUMBERS = {
+    "reward_timeout": dict(low=0, low_open=True, optional=True),
+    "num_generations": dict(low=2, integer=True),
+    "max_prompt_length": dict(low=1, integer=True),
+    "max_completion_length": dict(low=1, integer=True),
+    "temperature": dict(low=0, low_open=True),
+    "top_p": dict(low=0, high=1, low_open=True),
+    "epsilon": dict(low=0),
+    "epsilon_high": dict(low=0, optional=True),
+    "num_iterations": dict(low=1, integer=True),
+    "beta": dict(low=0),
+    "entropy_coef": dict(low=0),
+    "learning_rate": dict(low=0, low_open=True),
+    "weight_decay": dict(low=0),
+    "warmup_steps": dict(low=0, integer=True),
+    "max_grad_norm": dict(low=0),
+    "max_nonfinite_steps": dict(low=1, integer=True),
+    "micro_batch_size": dict(low=1, integer=True, optional=True),
+    "correct_threshold": dict(),
+    "shaping_beta": dict(low=0, low_open=True),
+    "is_truncation": dict(low=0, low_open=True),
+    "val_temperature": dict(low=0, optional=True),
+    "val_num_generations": dict(low=1, integer=True),
+}
+"""Every numeric option and its range; each must also be finite."""
 _CHOICES = {
     "loss_type": LOSS_TYPES,
     "scale_rewards": SCALE_REWARDS,
@@ -623,12 +347,7 @@ _CHOICES = {
 
 def _validate(hp) -> None:
     """Reject impossible settings at construction, i.e. before any training starts."""
-    for name, low, inclusive in _LOWER_BOUNDS:
-        value = hp[name]
-        if value is not None and (value < low if inclusive else value <= low):
-            raise ValueError(f"{name}={value}: must be {'>=' if inclusive else '>'} {low}")
-    if hp.top_p > 1:
-        raise ValueError(f"top_p={hp.top_p}: must be <= 1")
+    check_numbers("ExGRPOModule", hp, _NUMBERS)
     for name, allowed in _CHOICES.items():
-        if hp[name] not in allowed:
-            raise ValueError(f"{name}={hp[name]!r}; allowed: {', '.join(allowed)}")
+        check_choice("ExGRPOModule", name, hp[name], allowed)
+    check_engine(hp.rollout_engine, hp.rollout_engine_options)

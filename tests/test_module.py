@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import CSVLogger
 from exgrpo_pl.contract import Experience, ReplayableModule
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.rewards import FormatReward
 
 
 def make_module(path, **kwargs):
@@ -60,10 +61,18 @@ def test_module_follows_the_replay_contract(tiny_model_dir):
 def test_long_prompt_is_an_error_naming_the_question_unless_truncation(tiny_model_dir):
     module = make_module(tiny_model_dir, max_prompt_length=3)
     with pytest.raises(ValueError, match="question_id=7 has 6 tokens > max_prompt_length=3"):
-        module._encode_prompts(["12+34="], torch.tensor([7]))
+        module.collector.encode(["12+34="], torch.tensor([7]))
     module = make_module(tiny_model_dir, max_prompt_length=3, truncate_prompts=True)
-    (row,) = module._encode_prompts(["12+34="], torch.tensor([7]))
+    (row,) = module.collector.encode(["12+34="], torch.tensor([7]))
     assert module.tokenizer.decode(row) == "34="
+
+
+def test_a_long_prompt_anywhere_in_the_data_stops_fit_before_the_first_step(tiny_model_dir, tmp_path):
+    module = make_module(tiny_model_dir, max_prompt_length=5)  # "12+34=" is 6 characters, "1+2=" 4
+    trainer = tiny_trainer(tmp_path, max_steps=1)
+    with pytest.raises(ValueError, match=r"training data: prompt of question_id=\d+ has 6 tokens"):
+        trainer.fit(module, datamodule=make_data())
+    assert trainer.global_step == 0
 
 
 def test_fit_changes_weights_and_logs_trl_metrics(tiny_model_dir, tmp_path):
@@ -110,63 +119,104 @@ def test_micro_batching_gives_the_same_update(tiny_model_dir, tmp_path):
     )
 
 
+class Record(Callback):
+    """Keeps every step's training_step output."""
+
+    def __init__(self):
+        self.outputs = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.outputs.append(outputs)
+
+
 def test_fresh_rows_get_behaviour_logps_and_entropy_from_the_update(tiny_model_dir, tmp_path):
-    module = make_module(tiny_model_dir)
-    trainer = tiny_trainer(tmp_path, max_steps=1)
-    trainer.fit(module, datamodule=make_data())
-    out = module._collect(next(iter(trainer.datamodule.train_dataloader())), None, {})
-    assert torch.all(out.behaviour_logps == 0)  # not yet scored
-    module._update(out)
+    record = Record()
+    trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[record])
+    trainer.fit(make_module(tiny_model_dir), datamodule=make_data())
+    out = record.outputs[0]["rollouts"]
     real = out.completion_mask
     assert torch.all(out.behaviour_logps[real] < 0) and torch.all(out.behaviour_logps[~real] == 0)
     assert torch.all(out.entropy > 0)
-
-
-def test_mix_experience_makes_groups_of_stored_plus_fresh(tiny_model_dir):
-    module = make_module(tiny_model_dir)
-    data = make_data()
-    data.setup("fit")
-    batch = next(iter(data.train_dataloader()))
-    first = module._collect(batch, None, {})
-    stored = first.select([0, 4], group_size=1)  # one trajectory each of the first two questions
-    stored.replayed[:] = True
-    stored.rewards = torch.tensor([1.0, 1.0])
-    mixed = module._collect(dict(batch), stored, {})
-    k = module.num_generations
-    assert len(mixed) == len(batch["prompt"]) * k and mixed.group_size == k
-    # The last two groups are the replayed questions: stored row first, then K-1 fresh rows.
-    for g, q in zip((2, 3), stored.question_ids.tolist()):
-        group = slice(g * k, (g + 1) * k)
-        assert mixed.question_ids[group].tolist() == [q] * k
-        assert mixed.replayed[group].tolist() == [True] + [False] * (k - 1)
-        rewards = mixed.rewards[group]
-        assert torch.allclose(mixed.advantages[group].sum(), torch.tensor(0.0), atol=1e-5)
-        assert rewards[0] == 1.0
+    assert record.outputs[0]["skipped"] is False
 
 
 def test_swap_experience_trains_on_stored_rows_without_generating(tiny_model_dir, tmp_path):
-    module = make_module(tiny_model_dir)
+    record = Record()
     data = make_data()
-    data.setup("fit")
-    batch = next(iter(data.train_dataloader()))
-    stored = module._collect(batch, None, {}).select(list(range(6)))
+    trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[record], limit_val_batches=0)
+    trainer.fit(make_module(tiny_model_dir), datamodule=data)
+    stored = record.outputs[0]["rollouts"].select(list(range(6)))
     stored.replayed[:] = True
-    stored.advantages = torch.ones(6)
 
     class InjectSwap(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             batch["experience"] = Experience("swap", stored)
 
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            self.outputs = outputs
-
-    inject = InjectSwap()
-    trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[inject], limit_val_batches=0)
-    trainer.fit(module, datamodule=data)
-    trained = inject.outputs["rollouts"]
+    trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[InjectSwap(), record], limit_val_batches=0)
+    trainer.fit(make_module(tiny_model_dir), datamodule=data)
+    trained = record.outputs[-1]["rollouts"]
     assert len(trained) == 6 and bool(trained.replayed.all())
     assert trainer.logged_metrics["timing/generation"] == 0.0
     assert "train/is_weight" in trainer.logged_metrics
+
+
+def overflowing_reward(prompts, completions, **columns):
+    """Finite rewards whose advantages are so large that the loss overflows float32."""
+    return [1e38 * (i % 2) for i in range(len(prompts))]
+
+
+class PoisonSteps(Callback):
+    """Scores the chosen batches with `overflowing_reward`, the others with the tiny module's reward."""
+
+    def __init__(self, batches):
+        self.batches = set(batches)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        poisoned = batch_idx in self.batches
+        pl_module.collector.reward_funcs = [overflowing_reward if poisoned else FormatReward(r"[0-9].*")]
+
+
+def test_a_non_finite_update_is_skipped_and_counted_and_the_weights_stay(tiny_model_dir, tmp_path):
+    module = make_module(tiny_model_dir, scale_rewards="none")
+    record = Record()
+    trainer = tiny_trainer(tmp_path, max_steps=2, callbacks=[PoisonSteps({1}), record], log_every_n_steps=1)
+    trainer.fit(module, datamodule=make_data())
+    assert [o["skipped"] for o in record.outputs] == [False, True, False]  # a skipped batch is no step
+    assert module.nonfinite.skipped == 1 and trainer.global_step == 2
+    assert float(trainer.logged_metrics["train/nonfinite_steps"]) == 1.0
+    assert all(torch.isfinite(p).all() for p in module.policy.parameters())
+
+
+def test_non_finite_updates_in_a_row_stop_the_run_with_a_clear_error(tiny_model_dir, tmp_path):
+    module = make_module(tiny_model_dir, scale_rewards="none", max_nonfinite_steps=2)
+    before = [p.detach().clone() for p in module.policy.parameters()]
+    record = Record()
+    trainer = tiny_trainer(tmp_path, max_steps=5, callbacks=[PoisonSteps(range(5)), record])
+    with pytest.raises(RuntimeError, match="2 updates in a row had a non-finite loss"):
+        trainer.fit(module, datamodule=make_data())
+    assert [o["skipped"] for o in record.outputs] == [True]
+    assert all(torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))
+
+
+def test_validation_samples_never_change_what_training_samples(tiny_model_dir, tmp_path):
+    completions = []
+    for val_every in (1, 3):
+        seed_everything(0)
+        record = Record()
+        trainer = tiny_trainer(
+            tmp_path, max_steps=3, val_check_interval=val_every, callbacks=[record], limit_val_batches=1
+        )
+        trainer.fit(make_module(tiny_model_dir), datamodule=make_data())
+        completions.append([o["rollouts"].completions for o in record.outputs])
+    assert completions[0] == completions[1]
+
+
+def test_the_rollout_engine_is_chosen_by_name(tiny_model_dir):
+    with pytest.raises(ValueError, match="rollout_engine='vllm'; allowed: hf"):
+        ExGRPOModule(model_name_or_path=tiny_model_dir, rollout_engine="vllm")
+    with pytest.raises(ValueError, match="rollout_engine_options=.*bogus"):
+        ExGRPOModule(model_name_or_path=tiny_model_dir, rollout_engine_options={"bogus": 1})
+    assert type(make_module(tiny_model_dir).engine).__name__ == "HFEngine"
 
 
 def test_kl_to_a_frozen_reference_only_when_beta_is_positive(tiny_model_dir, tmp_path):

@@ -64,7 +64,7 @@ def test_preset_builds_its_deepspeed_strategy(stage, tiny_model_dir, tmp_path):
     assert (hp.num_generations, hp.learning_rate, hp.temperature, hp.beta) == (8, 1e-6, 1.0, 0.0)
     assert (hp.entropy_coef, hp.scale_rewards, hp.shaping_beta) == (0.001, "none", 0.1)
     assert (hp.dtype, hp.attn_implementation, hp.gradient_checkpointing) == ("bfloat16", "sdpa", True)
-    assert [type(f).__name__ for f in cli.model.reward_funcs] == ["MathVerifyReward"]
+    assert [type(f).__name__ for f in cli.model.collector.reward_funcs] == ["MathVerifyReward"]
     replay = next(c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback))
     assert (replay.mode, replay.mix_fraction, replay.start_pass_rate) == ("mix", 0.5, 0.35)
     assert replay.buffer.keep == "correct_of_partial" and replay.buffer.bucketer.window_size == 8

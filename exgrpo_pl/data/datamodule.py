@@ -244,6 +244,9 @@ class PromptDataModule(L.LightningDataModule):
             shuffle=False,
             collate_fn=collate_rows,
             num_workers=self.hparams.num_workers,
+            # Its own generator: starting to iterate (each validation) then draws nothing from torch's global
+            # one, which samples the training rollouts.
+            generator=torch.Generator().manual_seed(0),
         )
 
     def test_dataloader(self) -> DataLoader | list:

@@ -25,14 +25,18 @@ def build_engine(name: str, model, sharded: bool = False, options: dict | None =
         sharded: the policy's parameters are sharded across ranks (ZeRO-3, FSDP).
         options: keyword arguments of the engine's class.
     """
+    check_engine(name, options)
+    return ENGINES[name](model, sharded=sharded, **(options or {}))
+
+
+def check_engine(name: str, options: dict | None = None) -> None:
+    """ValueError unless `name` is an engine and `options` are keyword arguments of its class."""
     if name not in ENGINES:
         raise ValueError(f"rollout_engine={name!r}; allowed: {', '.join(ENGINES)}")
-    engine_class = ENGINES[name]
     try:
-        inspect.signature(engine_class).bind(model, sharded=sharded, **(options or {}))
+        inspect.signature(ENGINES[name]).bind(None, sharded=False, **(options or {}))
     except TypeError as err:
-        raise ValueError(f"rollout_engine_options={options!r} do not fit the {name!r} engine: {err}") from None
-    return engine_class(model, sharded=sharded, **(options or {}))
+        raise ValueError(f"rollout_engine_options={options!r} do not fit engine {name!r}: {err}") from None
 
 
 __all__ = [
@@ -43,4 +47,5 @@ __all__ = [
     "SamplingConfig",
     "StaticCacheEngine",
     "build_engine",
+    "check_engine",
 ]

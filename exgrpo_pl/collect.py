@@ -1,0 +1,167 @@
+"""RolloutCollector: prompts in, scored rollouts out (tokenize, sample with an engine, decode, reward).
+
+`ExGRPOModule` collects its training and validation rollouts with it; what is sampled comes from a
+`RolloutPlan` (`exgrpo_pl.groups`), and which engine samples is the module's choice.
+
+    collector = RolloutCollector(tokenizer, [ArithmeticReward()], max_prompt_length=64)
+    fresh, metrics = collector.collect(engine, plan, sampling, policy_version=step)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from exgrpo_pl.batch import RolloutBatch, pad_sequences
+from exgrpo_pl.engines import RolloutEngine, SamplingConfig
+from exgrpo_pl.groups import RolloutPlan
+from exgrpo_pl.rewards import compute_rewards
+
+# Prompts tokenized per call when checking a whole dataset's lengths.
+_CHECK_CHUNK = 4096
+
+
+class RolloutCollector:
+    """Tokenizes prompts, samples completions with an engine, and scores them with the reward functions.
+
+    Args:
+        tokenizer: the policy's tokenizer (left padding, a pad token).
+        reward_funcs: reward functions (TRL's protocol, see `exgrpo_pl.rewards`).
+        reward_weights: one weight per function; None weighs each 1.0.
+        max_prompt_length: longest prompt in tokens.
+        truncate_prompts: keep a long prompt's last `max_prompt_length` tokens instead of failing.
+        chat_template: wrap each prompt as a user message with the tokenizer's chat template.
+        correct_threshold: a rollout is correct when its reward exceeds this.
+        reward_timeout: seconds each reward function may take per call; None: no limit.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        reward_funcs: Sequence[Callable],
+        reward_weights: Sequence[float] | None = None,
+        *,
+        max_prompt_length: int,
+        truncate_prompts: bool = False,
+        chat_template: bool = False,
+        correct_threshold: float = 0.5,
+        reward_timeout: float | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.reward_funcs = list(reward_funcs)
+        self.reward_weights = reward_weights
+        self.max_prompt_length = max_prompt_length
+        self.truncate_prompts = truncate_prompts
+        self.chat_template = chat_template
+        self.correct_threshold = correct_threshold
+        self.reward_timeout = reward_timeout
+
+    def _token_ids(self, prompts: Sequence[str]) -> list[list[int]]:
+        if self.chat_template:
+            prompts = [
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                )
+                for p in prompts
+            ]
+        return self.tokenizer(list(prompts), add_special_tokens=not self.chat_template)["input_ids"]
+
+    def encode(self, prompts: Sequence[str], question_ids: Tensor) -> list[Tensor]:
+        """Token ids of each prompt; too long is an error naming the question, unless truncation is on."""
+        rows = []
+        for ids, prompt, qid in zip(self._token_ids(prompts), prompts, question_ids.tolist()):
+            if len(ids) > self.max_prompt_length:
+                if not self.truncate_prompts:
+                    raise ValueError(self._too_long(qid, len(ids), prompt))
+                ids = ids[-self.max_prompt_length :]
+            rows.append(torch.tensor(ids, dtype=torch.long))
+        return rows
+
+    def check_prompt_lengths(self, rows: Sequence[dict], source: str) -> None:
+        """Raise before training if a dataset row's prompt is longer than `max_prompt_length` tokens.
+
+        Args:
+            rows: dataset rows with "id" and "prompt".
+            source: what the rows are, for the message (e.g. "training data").
+        """
+        if self.truncate_prompts:
+            return
+        for start in range(0, len(rows), _CHECK_CHUNK):
+            chunk = rows[start : start + _CHECK_CHUNK]
+            lengths = [len(ids) for ids in self._token_ids([row["prompt"] for row in chunk])]
+            for row, length in zip(chunk, lengths):
+                if length > self.max_prompt_length:
+                    raise ValueError(f"{source}: " + self._too_long(row["id"], length, row["prompt"]))
+
+    def _too_long(self, question_id: int, length: int, prompt: str) -> str:
+        return (
+            f"prompt of question_id={question_id} has {length} tokens > max_prompt_length="
+            f"{self.max_prompt_length} (truncate_prompts: true keeps the end): {prompt[:60]!r}"
+        )
+
+    def collect(
+        self,
+        engine: RolloutEngine,
+        plan: RolloutPlan,
+        sampling: SamplingConfig,
+        policy_version: int = 0,
+        device: torch.device | str = "cpu",
+    ) -> tuple[RolloutBatch, dict[str, float]]:
+        """Sample `plan.repeats[i]` completions of `plan.prompts[i]` and score them.
+
+        Returns:
+            The rollouts (`group_size` 1, in `plan.expand` order; behaviour log-probs, entropy and advantages
+            0: the training forward computes the first two, with the numerics of the importance weights that
+            later divide by them) and step metrics: `timing/generation`,
+            `timing/reward`, `train/rewards/{name}/mean`, `generated_tokens`.
+        """
+        prompt_ids, prompt_mask = pad_sequences(
+            plan.expand(self.encode(plan.prompts, plan.question_ids)),
+            left=True,
+            pad_value=self.tokenizer.pad_token_id,
+        )
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+        started = time.perf_counter()
+        with torch.no_grad():
+            out = engine.generate(prompt_ids, prompt_mask, sampling)
+        metrics = {"timing/generation": time.perf_counter() - started}
+        metrics["generated_tokens"] = float(out.mask.sum())
+
+        started = time.perf_counter()
+        completions = self.tokenizer.batch_decode(out.ids, skip_special_tokens=True)
+        row_prompts = plan.expand(plan.prompts)
+        row_columns = {key: plan.expand(values) for key, values in plan.columns.items()}
+        rewards, per_function = compute_rewards(
+            self.reward_funcs, self.reward_weights, row_prompts, completions, row_columns,
+            timeout_seconds=self.reward_timeout,
+        )  # fmt: skip
+        metrics["timing/reward"] = time.perf_counter() - started
+        for name, values in per_function.items():
+            metrics[f"train/rewards/{name}/mean"] = float(values.nanmean())
+
+        n = prompt_ids.shape[0]
+        rewards = rewards.to(device, torch.float32)
+        zeros = torch.zeros(n, device=device)
+        question_ids = torch.tensor(plan.expand(plan.question_ids.tolist()), dtype=torch.long, device=device)
+        return RolloutBatch(
+            question_ids=question_ids,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=out.ids,
+            completion_mask=out.mask,
+            behaviour_logps=torch.zeros(out.ids.shape, device=device),  # the training forward's, later
+            rewards=rewards,
+            correct=rewards > self.correct_threshold,
+            entropy=zeros.clone(),
+            advantages=zeros,
+            policy_version=torch.full((n,), policy_version, device=device, dtype=torch.long),
+            replayed=torch.zeros(n, dtype=torch.bool, device=device),
+            group_size=1,
+            prompts=row_prompts,
+            completions=completions,
+            answers=[str(a) for a in row_columns.get("answer", [""] * n)],
+            domains=row_columns.get("domain"),
+        ), metrics

@@ -1,0 +1,63 @@
+"""ReplayMixin: what `ReplayCallback` needs from a GRPO LightningModule, derived from the module's policy.
+
+    class MyGRPO(ReplayMixin, LightningModule): ...
+
+The callback rescores stored trajectories with the current policy (the paper's trajectory selection) through
+`score_entropy`, and under ZeRO-3/FSDP asks `entropy_forwards` how many policy forwards that takes, so that
+every rank runs the same number. The mixin implements both with `exgrpo_pl.rollout.score_entropy` on the
+module's transformers policy; override `replay_policy` if yours is not `self.policy` or `self.model`.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.rollout import num_micro_batches, score_entropy
+
+# Rows per rescoring forward when the module has no `micro_batch_size` hyperparameter.
+DEFAULT_RESCORE_ROWS = 64
+
+
+class ReplayMixin:
+    """`score_entropy` and `entropy_forwards` of `exgrpo_pl.contract.ReplayableModule`, from the policy.
+
+    Reads, when the module has them: `hparams.temperature` (the sampling temperature, default 1.0),
+    `hparams.micro_batch_size` (rows per rescoring forward, default 64), `tokenizer.pad_token_id` (the
+    token of ZeRO-3's padding forwards, default 0). The module must also have `num_generations` (K).
+    """
+
+    def replay_policy(self):
+        """The causal LM whose entropy ranks stored trajectories: `self.policy`, else `self.model`."""
+        for name in ("policy", "model"):
+            policy = getattr(self, name, None)
+            if policy is not None:
+                return policy
+        raise AttributeError(
+            f"{type(self).__name__} has neither `policy` nor `model`: override ReplayMixin.replay_policy() "
+            "to return the causal LM that samples rollouts"
+        )
+
+    def _replay_setting(self, name: str, default):
+        value = getattr(getattr(self, "hparams", None), name, None)
+        return default if value is None else value
+
+    def score_entropy(self, rollouts: RolloutBatch, num_forwards: int | None = None) -> Tensor:
+        """`[N]` mean completion-token entropy under the current policy (the paper's trajectory selection).
+
+        `num_forwards`: run exactly that many forwards (see `exgrpo_pl.contract.ReplayableModule`).
+        """
+        tokenizer = getattr(self, "tokenizer", None)
+        return score_entropy(
+            self.replay_policy(),
+            rollouts.to(self.device),
+            self._replay_setting("temperature", 1.0),
+            self._replay_setting("micro_batch_size", DEFAULT_RESCORE_ROWS),
+            num_forwards=num_forwards,
+            pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
+        )
+
+    def entropy_forwards(self, rollouts: RolloutBatch) -> int:
+        """Policy forwards that `score_entropy(rollouts)` runs: one per micro-batch."""
+        rows = self._replay_setting("micro_batch_size", DEFAULT_RESCORE_ROWS)
+        return num_micro_batches(len(rollouts), rows)

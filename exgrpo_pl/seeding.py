@@ -1,0 +1,29 @@
+"""One run seed, from which every random stream of a run is derived unless that stream is seeded explicitly.
+
+Lightning's `seed_everything(seed)` (the `seed_everything:` key of a config) seeds torch's global generator,
+which samples the rollouts, and records the seed in the environment (`PL_GLOBAL_SEED`, inherited by every
+DDP rank). The training data's order, the replay decisions and the validation samples come from generators
+of their own, seeded by `derive_seed(purpose)` from that same run seed: two runs with different seeds differ
+in all of them, and the same seed reproduces a run exactly. Core module: no Lightning import.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+
+def run_seed() -> int:
+    """The seed `seed_everything` set for this run (0 when none was set)."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+def derive_seed(purpose: str, *keys: int) -> int:
+    """A 31-bit seed for one random stream of this run, different for every `purpose` and `keys`.
+
+    Args:
+        purpose: which stream, e.g. "data" or "replay".
+        keys: further integers that select a sub-stream (e.g. the step of a validation).
+    """
+    text = ":".join([purpose, str(run_seed()), *(str(k) for k in keys)])
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF

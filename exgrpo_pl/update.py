@@ -1,0 +1,181 @@
+"""The optimisation half of a GRPO step: micro-batched forwards and backwards, clipping, and the step itself.
+
+`ExGRPOModule` hands each step's groups (`exgrpo_pl.groups.assemble_groups`) to `policy_update`, which
+runs `num_iterations` optimizer updates on them. The loss is `exgrpo_pl.losses.compute_grpo_loss`: the clipped
+ratio on fresh rows, f(w) = w / (w + beta) on replayed ones. An update whose loss or gradient norm is NaN or
+infinite is skipped, so a bad batch never reaches the weights (`NonFiniteGuard`).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.losses import LossNormaliser, compute_grpo_loss, compute_importance_weights, masked_mean
+from exgrpo_pl.rollout import completion_logps, completion_mask_from_ids
+
+
+class NonFiniteGuard:
+    """Counts updates skipped for a non-finite loss or gradient norm; too many in a row stop the run.
+
+    Args:
+        max_in_a_row: skipped updates in a row that raise.
+    """
+
+    def __init__(self, max_in_a_row: int) -> None:
+        self.max_in_a_row = max_in_a_row
+        self.skipped = 0
+        self.in_a_row = 0
+
+    def passed(self) -> None:
+        self.in_a_row = 0
+
+    def skip(self, step: int, loss: float, grad_norm: float | None) -> None:
+        self.skipped += 1
+        self.in_a_row += 1
+        if self.in_a_row >= self.max_in_a_row:
+            raise RuntimeError(
+                f"{self.in_a_row} updates in a row had a non-finite loss or gradient norm (last: loss "
+                f"{loss}, grad_norm {grad_norm}) and were skipped; the weights are those of step {step}. "
+                "Lower model.learning_rate, check the reward functions' values, or raise "
+                "model.max_nonfinite_steps"
+            )
+        rank_zero_info(f"step {step}: non-finite loss or gradient norm; update skipped")
+
+
+def policy_update(
+    module: LightningModule, rollouts: RolloutBatch, guard: NonFiniteGuard
+) -> dict[str, Tensor]:
+    """`num_iterations` optimizer steps of `module.policy` on `rollouts`, accumulated over micro-batches.
+
+    The first forward pass of each row, taken before any update, gives the fresh rows their behaviour
+    log-probs and entropy (what the buffer stores) and the old log-probs of the clipped ratio. Every rank
+    leaves a non-finite update at the same micro-batch (its finiteness is all-reduced), so no backward waits
+    on another rank.
+
+    Args:
+        module: an `ExGRPOModule` (its hyperparameters, policy, reference, optimizer and scheduler).
+        rollouts: the step's groups, with advantages.
+        guard: where skipped updates are counted.
+
+    Returns:
+        Detached statistics: loss, clip_ratio, is_weight, kl, grad_norm, nonfinite_steps; loss is NaN when
+        the update was skipped.
+    """
+    hp = module.hparams
+    optimizer, scheduler = module.optimizers(), module.lr_schedulers()
+    loss_mask = rollouts.completion_mask
+    if hp.mask_truncated_completions:
+        _, truncated = completion_mask_from_ids(rollouts.completion_ids, module.eos_token_ids)
+        loss_mask = loss_mask & ~truncated.unsqueeze(1)
+    normaliser = LossNormaliser(len(rollouts), int(loss_mask.sum()), hp.max_completion_length)
+    fresh = ~rollouts.replayed
+    old_logps = torch.zeros_like(rollouts.behaviour_logps)
+    size = hp.micro_batch_size or len(rollouts)
+    totals: dict[str, float] = {}
+    finite = True
+    for iteration in range(hp.num_iterations):
+        for start in range(0, len(rollouts), size):
+            rows = slice(start, start + size)
+            logps, entropy = completion_logps(
+                module.policy, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
+                rollouts.completion_ids[rows], rollouts.completion_mask[rows], hp.temperature,
+            )  # fmt: skip
+            if iteration == 0:
+                old_logps[rows] = logps.detach()
+                keep = fresh[rows].unsqueeze(1)
+                scored = logps.detach().masked_fill(~rollouts.completion_mask[rows], 0.0)
+                rollouts.behaviour_logps[rows] = torch.where(keep, scored, rollouts.behaviour_logps[rows])
+                row_entropy = masked_mean(entropy.detach(), rollouts.completion_mask[rows], dim=1)
+                rollouts.entropy[rows] = torch.where(fresh[rows], row_entropy, rollouts.entropy[rows])
+            weights = None
+            if bool(rollouts.replayed[rows].any()):
+                weights = compute_importance_weights(
+                    logps, rollouts.behaviour_logps[rows], rollouts.completion_mask[rows],
+                    hp.off_policy_correction, hp.shaping_beta, hp.is_truncation,
+                )  # fmt: skip
+            loss, stats = compute_grpo_loss(
+                logps, old_logps[rows], rollouts.advantages[rows], loss_mask[rows], normaliser,
+                loss_type=hp.loss_type, epsilon_low=hp.epsilon, epsilon_high=hp.epsilon_high or hp.epsilon,
+                importance_weights=weights, replayed=rollouts.replayed[rows],
+                ref_logps=reference_logps(module, rollouts, rows), beta=hp.beta,
+                entropy=entropy, entropy_coef=hp.entropy_coef,
+            )  # fmt: skip
+            finite = _finite_on_every_rank(module, loss)
+            if not finite:
+                break
+            module.manual_backward(loss)
+            share = min(size, len(rollouts) - start) / len(rollouts)
+            _accumulate(totals, {"loss": loss.detach(), **stats}, share)
+        grad_norm = _clip_gradients(module, optimizer) if finite else math.nan
+        finite = finite and (grad_norm is None or math.isfinite(grad_norm))
+        if not finite:  # the batch's remaining updates would start from the same weights
+            optimizer.zero_grad(set_to_none=True)
+            guard.skip(module.global_step, totals.get("loss", math.nan), grad_norm)
+            totals.update(loss=math.nan, grad_norm=grad_norm)
+            break
+        optimizer.step()
+        module.engine.weights_changed()
+        scheduler.step()
+        if grad_norm is None:  # DeepSpeed: the engine measured it inside its step
+            grad_norm = float(module.trainer.strategy.deepspeed_engine.get_global_grad_norm() or 0.0)
+        totals["grad_norm"] = grad_norm
+        optimizer.zero_grad(set_to_none=True)
+    if finite:
+        guard.passed()
+    totals["nonfinite_steps"] = float(guard.skipped)
+    return {key: torch.as_tensor(value) for key, value in totals.items()}
+
+
+def _finite_on_every_rank(module: LightningModule, loss: Tensor) -> bool:
+    """Whether the loss is finite on every rank (one all-reduce when there are several)."""
+    finite = torch.isfinite(loss.detach()).float()
+    if module.trainer.world_size > 1:
+        finite = module.trainer.strategy.reduce(finite, reduce_op="min")
+    return bool(finite)
+
+
+def reference_logps(module: LightningModule, rollouts: RolloutBatch, rows: slice) -> Tensor | None:
+    """`[rows, C]` log-probs of the completions under the KL reference; None when beta is 0."""
+    if module.hparams.beta == 0:
+        return None
+    # With LoRA the reference is the base model: the same weights with the adapter switched off.
+    lora = module.lora_config is not None
+    reference = module.policy if lora else module.reference
+    with torch.no_grad(), module.policy.disable_adapter() if lora else nullcontext():
+        logps, _ = completion_logps(
+            reference, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows], rollouts.completion_ids[rows],
+            rollouts.completion_mask[rows], module.hparams.temperature, with_entropy=False,
+        )  # fmt: skip
+    return logps
+
+
+def _clip_gradients(module: LightningModule, optimizer) -> float | None:
+    """Total gradient norm before clipping (TRL's grad_norm); clips when max_grad_norm > 0.
+
+    Under DeepSpeed the engine owns the (sharded) gradients and clips inside its step with
+    `gradient_clipping` (set from max_grad_norm by `check_strategy`): None here, read after the step.
+    """
+    if isinstance(module.trainer.strategy, DeepSpeedStrategy):
+        return None
+    grads = [p.grad for p in module.policy.parameters() if p.grad is not None]
+    norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+    if module.hparams.max_grad_norm > 0 and math.isfinite(norm):
+        module.clip_gradients(
+            optimizer, gradient_clip_val=module.hparams.max_grad_norm, gradient_clip_algorithm="norm"
+        )
+    return norm
+
+
+def _accumulate(totals: dict[str, float], values: dict[str, Tensor], share: float) -> None:
+    """Sum the loss over micro-batches (it is already normalised by the whole batch); average the rest."""
+    for key, value in values.items():
+        weight = 1.0 if key == "loss" else share
+        totals[key] = totals.get(key, 0.0) + weight * float(value)

@@ -1,0 +1,67 @@
+"""RolloutCollector: prompts of a plan -> engine -> decoded, scored rows in plan order."""
+
+import pytest
+import torch
+
+from exgrpo_pl.collect import RolloutCollector
+from exgrpo_pl.data import ARITHMETIC_ALPHABET
+from exgrpo_pl.engines import Completions, SamplingConfig
+from exgrpo_pl.groups import plan_rollouts
+from exgrpo_pl.models import build_char_tokenizer
+from exgrpo_pl.rewards import ArithmeticReward
+
+TOKENIZER = build_char_tokenizer(ARITHMETIC_ALPHABET)
+SAMPLING = SamplingConfig(4, 1.0, 1.0, TOKENIZER.pad_token_id, (TOKENIZER.eos_token_id,))
+
+
+class ScriptedEngine:
+    """Answers every prompt row with the next of `answers` (text), and records what it was given."""
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.seen = []
+
+    def generate(self, prompt_ids, prompt_mask, sampling):
+        self.seen.append((prompt_ids, prompt_mask))
+        texts = [self.answers.pop(0) for _ in range(len(prompt_ids))]
+        rows = [TOKENIZER(t)["input_ids"] + [TOKENIZER.eos_token_id] for t in texts]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), TOKENIZER.pad_token_id)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+        mask = torch.arange(width) < torch.tensor([len(r) for r in rows]).unsqueeze(1)
+        return Completions(ids, mask, torch.zeros(len(rows), dtype=torch.bool))
+
+    def weights_changed(self):
+        pass
+
+
+def make_batch():
+    return {"prompt": ["1+2=", "10+5="], "question_id": torch.tensor([4, 8]), "answer": ["3", "15"]}
+
+
+def test_collect_samples_each_prompt_its_repeats_and_scores_them_in_plan_order():
+    collector = RolloutCollector(TOKENIZER, [ArithmeticReward()], max_prompt_length=8)
+    engine = ScriptedEngine(["3", "4", "15", "15"])
+    plan = plan_rollouts(make_batch(), 2)
+    out, metrics = collector.collect(engine, plan, SAMPLING, policy_version=7)
+    ((prompt_ids, prompt_mask),) = engine.seen
+    assert prompt_ids.shape == (4, 5) and prompt_mask[:2].sum(1).tolist() == [4, 4]  # left-padded to "10+5="
+    assert out.question_ids.tolist() == [4, 4, 8, 8]
+    assert out.completions == ["3", "4", "15", "15"]
+    assert out.rewards.tolist() == [1.0, 0.0, 1.0, 1.0] and out.correct.tolist() == [True, False, True, True]
+    assert out.answers == ["3", "3", "15", "15"] and out.prompts == ["1+2=", "1+2=", "10+5=", "10+5="]
+    assert out.policy_version.tolist() == [7] * 4 and not out.replayed.any()
+    assert metrics["generated_tokens"] == 2 + 2 + 3 + 3  # characters plus EOS
+    assert metrics["train/rewards/arithmetic/mean"] == 0.75
+
+
+def test_prompt_lengths_are_checked_for_a_whole_dataset_before_training():
+    collector = RolloutCollector(TOKENIZER, [ArithmeticReward()], max_prompt_length=4)
+    rows = [{"id": 1, "prompt": "1+2="}, {"id": 2, "prompt": "10+5="}]
+    with pytest.raises(
+        ValueError, match="training data: prompt of question_id=2 has 5 tokens > max_prompt_length=4"
+    ):
+        collector.check_prompt_lengths(rows, "training data")
+    collector.truncate_prompts = True
+    collector.check_prompt_lengths(rows, "training data")
