@@ -42,7 +42,11 @@ def _local(path: Any) -> str | None:
 
 
 def temp_path(path: str) -> str:
-    """A fresh name in the same directory as `path` that `remove_stale_temp_files` recognises."""
+    """A fresh name in the same directory as `path` that `remove_stale_temp_files` recognises.
+
+    Args:
+        path: the final path the temp file stands in for.
+    """
     directory, name = os.path.split(path)
     return os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
 
@@ -103,7 +107,12 @@ def remove_stale_temp_files(directory: str) -> list[str]:
 def save_atomically(checkpoint: dict[str, Any], path: str) -> None:
     """`torch.save` into a temp file next to `path`, fsync it, rename it over `path`, fsync the directory.
 
-    A kill at any moment leaves either the old `path` or the new one, plus at most a temp file.
+    A kill at any moment leaves either the old `path` or the new one, plus at most a temp file, which the
+    next save into that directory deletes. Stale temp files are deleted first.
+
+    Args:
+        checkpoint: what to save.
+        path: the final local path.
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -123,7 +132,12 @@ def save_atomically(checkpoint: dict[str, Any], path: str) -> None:
 
 
 def link_atomically(target: str, link: str) -> None:
-    """Points the symlink `link` at `target` (relative) by renaming a new link over it: never missing."""
+    """Points the symlink `link` at `target` (relative) by renaming a new link over it: never missing.
+
+    Args:
+        target: the checkpoint to point at.
+        link: the link's path (e.g. last.ckpt), replaced if it exists.
+    """
     temp = temp_path(link)
     os.symlink(os.path.relpath(target, os.path.dirname(os.path.abspath(link))), temp)
     os.replace(temp, link)
@@ -135,6 +149,10 @@ def check_finite(state_dict: dict[str, Any], path: Any) -> None:
 
     `aminmax` is NaN when any element is NaN and +-inf when one is infinite, so two scalars per tensor
     answer for all of it without a tensor-sized mask (which on a GPU near its memory limit could OOM).
+
+    Args:
+        state_dict: name -> tensor; non-floating and empty tensors are skipped.
+        path: the checkpoint being written, for the message.
     """
     for name, tensor in state_dict.items():
         if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()):
@@ -154,6 +172,9 @@ def incomplete_reason(path: str) -> str | None:
     A file is complete when its zip index (written last by `torch.save`) is there and its pickle record
     passes its CRC: this reads the index and the pickle, never the tensors, whatever their size, and
     unpickles nothing. A DeepSpeed checkpoint folder is complete once DeepSpeed wrote its `latest` tag file.
+
+    Args:
+        path: a checkpoint file, link or folder.
     """
     if os.path.isdir(path):
         return None if os.path.isfile(os.path.join(path, "latest")) else "no `latest` file in the folder"
