@@ -1,16 +1,18 @@
 """TrajectoryBuffer: columnar storage of past trajectories, eviction, and the replay sampling strategies.
 
-Every stored trajectory is one slot: per-row metadata lives in preallocated NumPy columns, so selecting
-experience out of 100K trajectories is a handful of vectorised ops; token payloads (trimmed prompt ids,
-completion ids, behaviour log-probs) live back to back in flat arrays (`exgrpo_pl.ragged.RaggedStore`), so
-gathering the sampled slots' payloads is one indexing op per field. The strategy names and their resolution
-into (question sampling, trajectory selection) live here. Plain PyTorch/NumPy, no Lightning.
+Every stored trajectory is one slot: per-row metadata lives in preallocated NumPy columns, token payloads
+(trimmed prompt ids, completion ids, behaviour log-probs) live back to back in flat arrays
+(`exgrpo_pl.ragged.RaggedStore`), and a per-question index of the slots (`exgrpo_pl.ragged.GroupIndex`),
+kept up to date on every add and eviction, finds a sampled question's trajectories without scanning the
+100K rows. The strategy names and their resolution into (question sampling, trajectory selection) live
+here. Plain PyTorch/NumPy, no Lightning.
 """
 
 from __future__ import annotations
 
 import heapq
 import zlib
+from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -18,8 +20,14 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.difficulty import DifficultyBucketer, check_rate_range, gaussian_bucket_draw, tier_of
-from exgrpo_pl.ragged import RaggedStore
+from exgrpo_pl.difficulty import (
+    DifficultyBucketer,
+    check_rate_range,
+    choose_in_groups,
+    gaussian_bucket_draw,
+    tier_of,
+)
+from exgrpo_pl.ragged import GroupIndex, RaggedStore, ragged_index, row_hashes
 
 QUESTION_SAMPLING = ("medium_range", "gaussian", "uniform")
 TRAJECTORY_SELECTION = ("low_entropy_percentile", "lowest_entropy", "highest_entropy", "random")
@@ -44,6 +52,7 @@ _COLUMNS = {
     "policy_version": np.int64,
     "seq": np.int64,  # insertion order, for oldest-first eviction
     "domain": np.int64,  # index into the buffer's domain names; -1 for none
+    "hash": np.uint64,  # 64-bit hash of the completion ids, for de-duplication (0 without it)
 }
 # Token payloads, one RaggedStore per length: store -> (its mask in a RolloutBatch, its length key in a
 # state dict, its fields and their stored dtypes).
@@ -63,8 +72,10 @@ _BATCH_FIELDS = {
     "entropy": "entropy",
     "policy_version": "policy_version",
 }
-_DERIVED = ("occupied", "qidx")  # rebuilt on load, not saved
+_DERIVED = ("occupied", "qidx", "hash")  # rebuilt on load, not saved
 _SEED_KEYS = ("prompt", "rollout", "reward", "is_correct", "entropy")
+_WIDE = {"prompt_ids": np.int64, "completion_ids": np.int64}  # RolloutBatch's dtypes for the stored int32
+_HASH_CHUNK = 4096  # slots hashed at a time on load, bounding the temporaries to a few hundred MiB
 
 
 def resolve_strategy(
@@ -95,12 +106,20 @@ def resolve_strategy(
 class TrajectoryBuffer:
     """Bounded store of past trajectories that replay samples from.
 
-    `add` feeds the fresh rows of a batch to the bucketer, filters them by `keep` and stores them; questions
-    the bucketer retires are removed. `add` is what updates the bucketer: whoever shares it with the buffer
-    must not also update it with the same rows.
+    `add` feeds a batch's outcomes to the bucketer, filters the fresh rows by `keep` and stores them;
+    questions the bucketer retires are removed. `add` is what updates the bucketer: whoever shares it with
+    the buffer must not also update it with the same rows.
 
     Eviction: when all `max_size` slots are taken, the oldest trajectories (smallest insertion sequence
     number) are evicted first, and freed slots are reused lowest first.
+
+    De-duplication (`dedup`, on by default): a question keeps at most one copy of each completion (same
+    completion token ids). The paper's official code stores a completion only if its text is new for the
+    question, i.e. it keeps the first copy; this buffer keeps the newest one instead (the stored copy is
+    replaced), because its behaviour log-probs come from the policy closest to the current one, so its
+    importance weights are the least stale. Duplicates inside one batch collapse to its last one. Rows are
+    compared by a 64-bit hash of their completion ids, then exactly where hashes agree; a trajectory
+    without completion ids (the seed's dict without "completion_ids") is never a duplicate.
 
     The buffer keeps each trajectory's per-token log-probs under the policy that generated it (the behaviour
     policy) and that policy's version, so importance weights need no copy of the old model: this is what
@@ -118,6 +137,7 @@ class TrajectoryBuffer:
         max_per_question: keep at most this many trajectories of one question, evicting that question's
             oldest first; None (the paper) keeps all. A cap bounds the paper's entropy rescoring, which scores
             every stored trajectory of each sampled question, and drops the stalest trajectories first.
+        dedup: keep one copy (the newest) of a completion per question, see above.
     """
 
     def __init__(
@@ -128,6 +148,7 @@ class TrajectoryBuffer:
         bucketer: DifficultyBucketer | None = None,
         keep: str = "all",
         max_per_question: int | None = None,
+        dedup: bool = True,
     ) -> None:
         if max_size < 1:
             raise ValueError(f"max_size must be >= 1, got {max_size}")
@@ -149,6 +170,7 @@ class TrajectoryBuffer:
         self.entropy_percentiles = tuple(percentiles)
         self.keep = keep
         self.max_per_question = max_per_question
+        self.dedup = bool(dedup)
         self._bucketer = bucketer if bucketer is not None else DifficultyBucketer()
         self.clear()
 
@@ -170,6 +192,7 @@ class TrajectoryBuffer:
         self._next_seq = 0
         self._domain_names: list[str] = []
         self._qidx_version = self._bucketer.layout_version
+        self._index = GroupIndex()  # occupied slots by dense question index, oldest first in each question
 
     def _reserve(self, n: int) -> None:
         capacity = len(self._cols["seq"])
@@ -190,6 +213,8 @@ class TrajectoryBuffer:
             self._texts[name] = np.append(texts, np.full(new - capacity, None, dtype=object))
 
     def _release(self, slots: np.ndarray) -> None:
+        qidx = self._cols["qidx"][slots]
+        self._index.remove(slots[qidx >= 0], qidx[qidx >= 0])
         self._cols["occupied"][slots] = False
         self._cols["qidx"][slots] = -1
         for store in self._tokens.values():
@@ -224,18 +249,32 @@ class TrajectoryBuffer:
         occupied = self._occupied()
         self._cols["qidx"][occupied] = self._bucketer.dense_index(self._cols["question_id"][occupied])
         self._qidx_version = self._bucketer.layout_version
+        self._rebuild_index()
+
+    def _rebuild_index(self) -> None:
+        """The per-question index from scratch: occupied slots of known questions, oldest first in each."""
+        occupied = self._occupied()
+        occupied = occupied[np.argsort(self._cols["seq"][occupied], kind="stable")]
+        qidx = self._cols["qidx"][occupied]
+        self._index = GroupIndex.build(occupied[qidx >= 0], qidx[qidx >= 0])
 
     def add(self, trajectory: RolloutBatch | Mapping) -> int:
-        """Record fresh trajectories: update the bucketer, drop retired questions, store what `keep` admits.
+        """Record a batch: update the bucketer, drop retired questions, store the fresh rows `keep` admits.
+
+        Which rows are evidence of difficulty: every fresh row, and a replayed row that sits in a group
+        (`group_size` rows, contiguous) together with fresh rows of its question, the paper's mix mode: there
+        the group's latest count is out of all K rows, as in the paper's official code, so K correct of K
+        retires the question. A swap-mode batch (`group_size` 1, every row replayed) updates nothing.
+        Replayed rows are never stored again (their stored copies are still there).
 
         Args:
-            trajectory: a `RolloutBatch` (rows with `replayed=True` are ignored entirely: they are not fresh
-                evidence of difficulty), or the seed's dict with keys "prompt", "rollout", "reward",
+            trajectory: a `RolloutBatch`, or the seed's dict with keys "prompt", "rollout", "reward",
                 "is_correct", "entropy" and optionally "question_id" (default: CRC32 of the UTF-8 prompt),
                 "answer", "prompt_ids", "completion_ids", "behaviour_logps", "policy_version", "domain".
 
         Returns:
-            the number of trajectories stored.
+            the number of trajectories stored (a fresh copy of a stored duplicate counts; duplicates inside
+            the batch count once).
         """
         batch = _batch_from_seed_dict(trajectory) if isinstance(trajectory, Mapping) else trajectory
         if not isinstance(batch, RolloutBatch):
@@ -244,51 +283,98 @@ class TrajectoryBuffer:
             )
         if batch.question_ids.device.type != "cpu":
             batch = batch.to("cpu")
-        fresh = ~batch.replayed
-        if not bool(fresh.any()):
+        replayed = _numpy(batch.replayed)
+        counted = _counted_rows(batch, replayed)
+        if not counted.any():
             return 0
-        if not bool(fresh.all()):
-            batch = batch.select(fresh)
         self._sync_qidx()
-        retired_now = self._bucketer.update(batch.question_ids, batch.rewards, batch.domains)
+        question_ids, rewards = batch.question_ids, batch.rewards
+        domains = batch.domains
+        if not counted.all():
+            index = torch.from_numpy(np.flatnonzero(counted))
+            question_ids, rewards = question_ids[index], rewards[index]
+            domains = None if domains is None else [domains[r] for r in index.tolist()]
+        retired_now = self._bucketer.update(question_ids, rewards, domains)
         if len(retired_now):
             self.remove_questions(retired_now)
-        qidx = self._bucketer.dense_index(batch.question_ids)
+        rows = np.flatnonzero(~replayed)
+        qidx = self._bucketer.dense_index(_numpy(batch.question_ids)[rows])
         keep = ~self._bucketer.dense_retired()[qidx]
         if self.keep != "all":
-            keep &= _numpy(batch.correct)
+            keep &= _numpy(batch.correct)[rows]
         if self.keep == "correct_of_partial":
-            c, t = (x.numpy() for x in self._bucketer.latest_counts(batch.question_ids))
+            c, t = (x.numpy() for x in self._bucketer.latest_counts(batch.question_ids[rows]))
             keep &= (c > 0) & (c < t)
-        rows = np.flatnonzero(keep)[-self.max_size :]
+        rows, qidx = rows[keep], qidx[keep]
+        payload = _payload(batch, rows)
+        hashes = np.zeros(len(rows), dtype=np.uint64)
+        survive = np.ones(len(rows), dtype=np.bool_)
+        if self.dedup:
+            incoming = _completions(qidx, payload)
+            hashes = row_hashes(incoming.ids, incoming.lengths)
+            survive = _last_copies(incoming, hashes)
+        survive &= np.cumsum(survive[::-1])[::-1] <= self.max_size  # the newest that fit
+        rows, qidx, hashes, payload = rows[survive], qidx[survive], hashes[survive], _subset(payload, survive)
+        if self.dedup:
+            self._release_stored_copies(_completions(qidx, payload), hashes)
         if len(rows):
-            self._store(batch, rows, qidx[rows])
-            self._cap_per_question(qidx[rows])
+            self._store(batch, rows, qidx, hashes, payload)
+            self._cap_per_question(qidx)
         return len(rows)
+
+    def _release_stored_copies(self, incoming: _Rows, hashes: np.ndarray) -> None:
+        """Release every stored trajectory with the question and completion ids of an incoming row.
+
+        Args:
+            incoming: the rows about to be stored.
+            hashes: `[n]` `row_hashes` of their completion ids.
+        """
+        new = np.flatnonzero(incoming.lengths > 0)
+        keys = _question_keys(incoming.qidx, hashes)
+        stored, _ = self._index.groups(np.unique(incoming.qidx[new]))
+        stored_keys = _question_keys(self._cols["qidx"][stored], self._cols["hash"][stored])
+        order = np.argsort(stored_keys)
+        stored, stored_keys = stored[order], stored_keys[order]
+        low = np.searchsorted(stored_keys, keys[new], side="left")
+        high = np.searchsorted(stored_keys, keys[new], side="right")
+        pairs = high - low  # almost always 0 or 1
+        rows = np.repeat(new, pairs)
+        slots = stored[ragged_index(low, pairs)]
+        completion = self._tokens["completion"]
+        stored_rows = _Rows(
+            self._cols["qidx"], completion.length, completion.fields["completion_ids"], completion.offset
+        )
+        same = _same_rows(incoming, rows, stored_rows, slots)
+        self._release(np.unique(slots[same]))
 
     def _cap_per_question(self, qidx: np.ndarray) -> None:
         """Evict, for the questions in `qidx`, every trajectory beyond the newest `max_per_question`."""
         if self.max_per_question is None:
             return
-        occupied = self._occupied()
-        slots = occupied[np.isin(self._cols["qidx"][occupied], np.unique(qidx))]
-        # Grouped by question, newest first inside each group.
-        order = np.lexsort((-self._cols["seq"][slots], self._cols["qidx"][slots]))
-        slots, questions = slots[order], self._cols["qidx"][slots[order]]
-        starts = np.flatnonzero(np.diff(questions, prepend=-2))
-        rank = np.arange(len(slots)) - np.repeat(starts, np.diff(np.append(starts, len(slots))))
-        self._release(slots[rank >= self.max_per_question])
+        questions = np.unique(qidx)
+        over = self._index.counts(int(questions[-1]) + 1)[questions] - self.max_per_question
+        slots, _ = self._index.groups(questions[over > 0], first=over[over > 0])  # each one's oldest
+        self._release(slots)
 
-    def _store(self, batch: RolloutBatch, rows: np.ndarray, qidx: np.ndarray) -> None:
+    def _store(
+        self,
+        batch: RolloutBatch,
+        rows: np.ndarray,
+        qidx: np.ndarray,
+        hashes: np.ndarray,
+        payload: Payload,
+    ) -> None:
         slots = self._allocate(len(rows))
         cols = self._cols
         for name, field in _BATCH_FIELDS.items():
             cols[name][slots] = _numpy(getattr(batch, field))[rows]
         cols["occupied"][slots] = True
         cols["qidx"][slots] = qidx
+        cols["hash"][slots] = hashes
         cols["seq"][slots] = np.arange(self._next_seq, self._next_seq + len(rows))
         self._next_seq += len(rows)
         self._size += len(rows)
+        self._index.add(slots, qidx)  # in seq order: oldest first inside each question
         if batch.domains is None:
             cols["domain"][slots] = -1
         else:
@@ -296,12 +382,8 @@ class TrajectoryBuffer:
             self._domain_names += sorted(set(names).difference(self._domain_names))
             codes = {name: i for i, name in enumerate(self._domain_names)}
             cols["domain"][slots] = [codes[name] for name in names]
-        for store, (mask_name, _, fields) in _TOKENS.items():
-            mask = _numpy(getattr(batch, mask_name))[rows]
-            flat = {
-                name: _numpy(getattr(batch, name))[rows][mask].astype(dtype) for name, dtype in fields.items()
-            }
-            self._tokens[store].write(slots, mask.sum(1), flat)
+        for store, (lengths, flat) in payload.items():
+            self._tokens[store].write(slots, lengths, flat)
         for name in _TEXTS:
             texts = getattr(batch, name)
             self._texts[name][slots] = [texts[r] for r in rows.tolist()] if texts else ""
@@ -309,8 +391,13 @@ class TrajectoryBuffer:
     def remove_questions(self, question_ids: Tensor | Sequence[int]) -> int:
         """Remove every stored trajectory of these questions (used for retired ones). Returns how many."""
         ids = np.asarray(torch.as_tensor(question_ids, dtype=torch.long).reshape(-1).numpy())
-        occupied = self._occupied()
-        slots = occupied[np.isin(self._cols["question_id"][occupied], ids)]
+        self._sync_qidx()
+        qidx = self._bucketer.dense_index(ids)
+        slots, _ = self._index.groups(np.unique(qidx[qidx >= 0]))
+        if self._size > len(self._index):  # rows of questions the bucketer does not know are not indexed
+            occupied = self._occupied()
+            unknown = occupied[self._cols["qidx"][occupied] < 0]
+            slots = np.concatenate([slots, unknown[np.isin(self._cols["question_id"][unknown], ids)]])
         self._release(slots)
         return len(slots)
 
@@ -371,69 +458,70 @@ class TrajectoryBuffer:
         if qs == "gaussian" and not gaussian_sigma > 0:
             raise ValueError(f"gaussian_sigma must be > 0, got {gaussian_sigma!r}")
         self._sync_qidx()
-        candidates = self._candidates(qs == "medium_range", low, high)
-        if ts == "low_entropy_percentile" and len(candidates):
+        rates = self._bucketer.dense_rates()
+        eligible = self._index.counts(len(rates)) > 0  # [num_questions], refined below
+        eligible &= np.isfinite(rates) & ~self._bucketer.dense_retired()
+        if qs == "medium_range":
+            eligible &= (rates >= low) & (rates <= high)
+        threshold = np.inf
+        if ts == "low_entropy_percentile":
+            candidates, _ = self._index.groups(np.flatnonzero(eligible))
             entropy = self._cols["entropy"][candidates]
-            candidates = candidates[entropy <= _percentile(entropy, entropy_percentile)]
-        if qs == "medium_range" and ts == "low_entropy_percentile":
-            return self._gather(candidates[_choose(len(candidates), size, generator)])
-        rates = self._bucketer.dense_rates()
-        eligible = np.flatnonzero(np.bincount(self._cols["qidx"][candidates], minlength=len(rates)))
+            threshold = _percentile(entropy, entropy_percentile) if len(candidates) else np.inf
+            passing = candidates[entropy <= threshold]
+            if qs == "medium_range":  # the seed's unit: trajectories, uniformly
+                return self._gather(passing[_choose(len(passing), size, generator)])
+            eligible[:] = False
+            eligible[self._cols["qidx"][passing]] = True  # questions with a trajectory that passed
         if qs == "gaussian":
-            chosen = eligible[gaussian_bucket_draw(rates[eligible], size, gaussian_sigma, generator)]
+            by_rate = self._bucketer.dense_by_rate()  # grouped by rate bucket, without a sort
+            eligible_ids = by_rate[eligible[by_rate]]
+            chosen = eligible_ids[gaussian_bucket_draw(rates[eligible_ids], size, gaussian_sigma, generator)]
         else:
-            chosen = eligible[_choose(len(eligible), size, generator)]
-        if ts in ("low_entropy_percentile", "random"):  # uniform among the candidates that passed the filter
-            return self._one_per_question(chosen, candidates, None, generator)
-        return self._one_per_question(chosen, None, entropy_fn, generator, highest=ts == "highest_entropy")
-
-    def _candidates(self, medium_range: bool, low: float, high: float) -> np.ndarray:
-        """Slots of stored trajectories of known, non-retired questions (in the range, if asked)."""
-        rates = self._bucketer.dense_rates()
-        # One extra False entry, indexed by qidx -1 (free slots, unknown questions), drops those out.
-        question_ok = np.append(np.isfinite(rates) & ~self._bucketer.dense_retired(), False)
-        if medium_range:
-            question_ok[:-1] &= (rates >= low) & (rates <= high)
-        return np.flatnonzero(question_ok[self._cols["qidx"][: self._high_water]])
+            eligible_ids = np.flatnonzero(eligible)
+            chosen = eligible_ids[_choose(len(eligible_ids), size, generator)]
+        return self._one_per_question(chosen, ts, threshold, entropy_fn, generator)
 
     def _one_per_question(
         self,
         chosen: np.ndarray,
-        candidates: np.ndarray | None,
+        selection: str,
+        threshold: float,
         entropy_fn: EntropyFn | None,
         generator: torch.Generator | None,
-        highest: bool = False,
     ) -> RolloutBatch:
-        """One trajectory per question in `chosen` (dense indices), in that order. With `candidates`, a
-        uniform pick among those slots; otherwise the lowest (or highest) entropy under `entropy_fn`."""
-        position = np.full(len(self._bucketer.dense_rates()) + 1, -1, dtype=np.int64)
-        position[chosen] = np.arange(len(chosen))
-        if candidates is not None:
-            pool = candidates[position[self._cols["qidx"][candidates]] >= 0]
-            key = torch.rand(len(pool), generator=generator, dtype=torch.float64).numpy()
+        """One trajectory per question in `chosen` (`[k]` dense indices), in that order, by `selection`:
+        "random" uniformly, "low_entropy_percentile" uniformly among those with stored entropy <=
+        `threshold`, "lowest_entropy" / "highest_entropy" by entropy under `entropy_fn` (stored entropy for
+        questions with a single trajectory, or without `entropy_fn`)."""
+        slots, counts = self._index.groups(chosen)  # each chosen question's slots, in turn
+        first = np.cumsum(counts) - counts
+        if selection == "random":
+            u = torch.rand(len(chosen), generator=generator, dtype=torch.float64).numpy()
+            return self._gather(slots[first + np.minimum((u * counts).astype(np.int64), counts - 1)])
+        group = np.repeat(np.arange(len(chosen)), counts)
+        if selection == "low_entropy_percentile":
+            key = torch.rand(len(slots), generator=generator, dtype=torch.float64).numpy()
+            key[self._cols["entropy"][slots] > threshold] = np.inf  # never first where one passed
         else:
-            pool = np.flatnonzero(position[self._cols["qidx"][: self._high_water]] >= 0)
-            key = self._cols["entropy"][pool].astype(np.float64)
+            key = self._cols["entropy"][slots].astype(np.float64)
             # A question with one stored trajectory has nothing to choose between: only the others are scored.
-            group = position[self._cols["qidx"][pool]]
-            contested = np.bincount(group, minlength=len(chosen))[group] > 1
+            contested = counts[group] > 1
             if entropy_fn is not None and contested.any():
-                scores = torch.as_tensor(entropy_fn(self._gather(pool[contested])))
+                scores = torch.as_tensor(entropy_fn(self._gather(slots[contested])))
                 if scores.shape != (int(contested.sum()),):
                     raise ValueError(
                         f"entropy_fn returned shape {tuple(scores.shape)}, expected ({int(contested.sum())},)"
                     )
                 key[contested] = scores.detach().cpu().double().numpy()
-            key = -key if highest else key
-        group = position[self._cols["qidx"][pool]]
+            key = -key if selection == "highest_entropy" else key
         order = np.lexsort((key, group))  # by sampling position, then best key first
-        first = np.flatnonzero(np.diff(group[order], prepend=-1))
-        return self._gather(pool[order[first]])
+        return self._gather(slots[order[first]])
 
     def _gather(self, slots: np.ndarray) -> RolloutBatch:
         cols = self._cols
-        prompt, prompt_mask = self._tokens["prompt"].padded(slots, left=True)
-        completion, completion_mask = self._tokens["completion"].padded(slots, left=False)
+        prompt, prompt_mask = self._tokens["prompt"].padded(slots, left=True, dtypes=_WIDE)
+        completion, completion_mask = self._tokens["completion"].padded(slots, left=False, dtypes=_WIDE)
         rewards = torch.from_numpy(cols["reward"][slots])
         rates = self._row_rates(slots)
         codes = cols["domain"][slots]
@@ -442,9 +530,9 @@ class TrajectoryBuffer:
             domains = [self._domain_names[c] if c >= 0 else "default" for c in codes.tolist()]
         return RolloutBatch(
             question_ids=torch.from_numpy(cols["question_id"][slots]),
-            prompt_ids=torch.from_numpy(prompt["prompt_ids"]).long(),
+            prompt_ids=torch.from_numpy(prompt["prompt_ids"]),
             prompt_mask=torch.from_numpy(prompt_mask),
-            completion_ids=torch.from_numpy(completion["completion_ids"]).long(),
+            completion_ids=torch.from_numpy(completion["completion_ids"]),
             completion_mask=torch.from_numpy(completion_mask),
             behaviour_logps=torch.from_numpy(completion["behaviour_logps"]),
             rewards=rewards,
@@ -548,7 +636,8 @@ class TrajectoryBuffer:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict()` output. A smaller `max_size` keeps the newest rows that fit (compacted)."""
+        """Restore `state_dict()` output. A smaller `max_size` keeps the newest rows that fit (compacted).
+        Rows are restored as saved, duplicates included (a state saved without `dedup`)."""
         self._bucketer.load_state_dict(state["bucketer"])
         self.clear()
         n = len(state["seq"])
@@ -577,6 +666,108 @@ class TrajectoryBuffer:
         self._free = np.flatnonzero(free).tolist()  # ascending, hence already a heap
         self._next_seq = int(state["next_seq"])
         self._domain_names = list(state["domain_names"])
+        self._rebuild_index()
+        if self.dedup:
+            self._cols["hash"][slots] = self._completion_hashes(slots)
+
+    def _completion_hashes(self, slots: np.ndarray) -> np.ndarray:
+        """`[n]` `row_hashes` of the stored completion ids at `slots`, a chunk of slots at a time."""
+        completion = self._tokens["completion"]
+        parts = [
+            row_hashes(completion.rows(chunk)["completion_ids"], completion.length[chunk])
+            for chunk in np.split(slots, np.arange(_HASH_CHUNK, len(slots), _HASH_CHUNK))
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+
+def _counted_rows(batch: RolloutBatch, replayed: np.ndarray) -> np.ndarray:
+    """`[N]` bool: the rows that are evidence of difficulty, fresh rows and replayed rows that share their
+    group (`group_size` contiguous rows) with fresh rows of the same question."""
+    counted = ~replayed
+    k = batch.group_size
+    if k > 1 and replayed.any() and counted.any():
+        questions = _numpy(batch.question_ids).reshape(-1, k)  # [G, K]
+        fresh = counted.reshape(-1, k)
+        with_fresh = ((questions[:, :, None] == questions[:, None, :]) & fresh[:, None, :]).any(2)  # [G, K]
+        counted = counted | (replayed & with_fresh.reshape(-1))
+    return counted
+
+
+Payload = dict[str, tuple[np.ndarray, dict[str, np.ndarray]]]  # store -> (lengths [n], field -> flat values)
+
+
+def _payload(batch: RolloutBatch, rows: np.ndarray) -> Payload:
+    """The token payloads of `rows`, trimmed and back to back, in their stored dtypes."""
+    payload = {}
+    for store, (mask_name, _, fields) in _TOKENS.items():
+        mask = _numpy(getattr(batch, mask_name))[rows]  # [n, width]
+        payload[store] = (
+            mask.sum(1),
+            {name: _numpy(getattr(batch, name))[rows][mask].astype(dtype) for name, dtype in fields.items()},
+        )
+    return payload
+
+
+def _subset(payload: Payload, keep: np.ndarray) -> Payload:
+    """The rows of `payload` where `keep` (`[n]` bool) holds."""
+    if keep.all():
+        return payload
+    out = {}
+    for store, (lengths, flat) in payload.items():
+        index = ragged_index(np.cumsum(lengths)[keep] - lengths[keep], lengths[keep])
+        out[store] = (lengths[keep], {name: values[index] for name, values in flat.items()})
+    return out
+
+
+def _last_copies(incoming: _Rows, hashes: np.ndarray) -> np.ndarray:
+    """`[n]` bool: False for a row that a later row of the batch duplicates (same question and ids).
+
+    The last row of each (question, hash) key stands for its key and the rows equal to it go; a row that
+    only shares the hash (a collision) stays pending, to be compared with the other such rows.
+    """
+    keys = _question_keys(incoming.qidx, hashes)
+    survive = np.ones(len(keys), dtype=np.bool_)
+    pending = np.flatnonzero(incoming.lengths > 0)
+    while len(pending) > 1:
+        order = np.lexsort((pending, keys[pending]))  # by key, then row: a key's last row ends its run
+        pending, sorted_keys = pending[order], keys[pending[order]]
+        first = np.append(True, sorted_keys[1:] != sorted_keys[:-1])
+        last = np.append(first[1:], True)
+        representative = pending[last][np.cumsum(first) - 1]
+        others = pending[~last]
+        same = _same_rows(incoming, others, incoming, representative[~last])
+        survive[others[same]] = False
+        pending = others[~same]
+    return survive
+
+
+# Completions to compare, addressed by row: `[rows]` question (dense index) and length, the ids back to back
+# and `[rows]` where each row starts in them.
+_Rows = namedtuple("_Rows", ["qidx", "lengths", "ids", "starts"])
+
+
+def _completions(qidx: np.ndarray, payload: Payload) -> _Rows:
+    """The completions of incoming rows (`[n]` dense question indices, their payload) to compare."""
+    lengths, flat = payload["completion"]
+    return _Rows(qidx, lengths, flat["completion_ids"], np.cumsum(lengths) - lengths)
+
+
+def _same_rows(a: _Rows, i: np.ndarray, b: _Rows, j: np.ndarray) -> np.ndarray:
+    """`[pairs]` bool: whether row `i[p]` of `a` and row `j[p]` of `b` are the same question and ids."""
+    n = a.lengths[i]
+    same = (a.qidx[i] == b.qidx[j]) & (n == b.lengths[j])
+    i, j, n = i[same], j[same], n[same]
+    differ = a.ids[ragged_index(a.starts[i], n)] != b.ids[ragged_index(b.starts[j], n)]
+    mismatches = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(differ)])
+    ends = np.cumsum(n)
+    same[same] = mismatches[ends] == mismatches[ends - n]
+    return same
+
+
+def _question_keys(qidx: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    """uint64 key of (question, completion hash): equal pairs give equal keys; unequal ones rarely do, and
+    `_same_rows` tells them apart."""
+    return hashes + qidx.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
 
 
 def _batch_from_seed_dict(trajectory: Mapping) -> RolloutBatch:
@@ -627,14 +818,4 @@ def _percentile(values: np.ndarray, q: float) -> float:
 
 def _choose(n: int, k: int, generator: torch.Generator | None) -> np.ndarray:
     """`min(k, n)` distinct indices of `range(n)`, uniformly without replacement, in random order."""
-    k = min(k, n)
-    if 4 * k >= n:
-        return torch.randperm(n, generator=generator)[:k].numpy()
-    # Few out of many: iid draws with repeats dropped are exact and cost O(k) instead of O(n).
-    picked = np.zeros(0, dtype=np.int64)
-    while len(picked) < k:
-        draws = torch.randint(n, (2 * (k - len(picked)),), generator=generator).numpy()
-        both = np.concatenate([picked, draws])
-        _, first = np.unique(both, return_index=True)
-        picked = both[np.sort(first)][:k]
-    return picked
+    return choose_in_groups(np.array([n]), np.array([k]), generator)

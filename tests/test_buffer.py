@@ -1,4 +1,5 @@
-"""TrajectoryBuffer: storage, eviction, keep modes, sampling strategies, statistics and state round trips."""
+"""TrajectoryBuffer: storage, eviction, keep modes, sampling strategies, statistics, state round trips, the
+per-question index, de-duplication and replayed rows in mixed groups."""
 
 import io
 import zlib
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
 from exgrpo_pl.buffer import STRATEGIES, TrajectoryBuffer, resolve_strategy
 from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.ragged import GroupIndex
 
 
 def make_batch(qids, rewards, entropy=None, replayed=None, domains=None, policy_version=0, seed=0):
@@ -183,8 +185,8 @@ def test_eviction_is_oldest_first():
 
 def test_per_question_cap_evicts_that_questions_oldest_first():
     buffer = no_retire(max_per_question=2)
-    for version in range(4):  # question 1 three times, question 2 once per round
-        buffer.add(make_batch([1, 1, 1, 2], [0.0, 1.0, 0.0, 1.0], policy_version=version))
+    for version in range(4):  # question 1 three times, question 2 once per round; new completions each time
+        buffer.add(make_batch([1, 1, 1, 2], [0.0, 1.0, 0.0, 1.0], policy_version=version, seed=version))
     snapshot = buffer.policy_snapshot
     per_question = {
         q: sorted(v for qq, v in zip(snapshot["question_ids"].tolist(), snapshot["policy_version"].tolist())
@@ -458,3 +460,265 @@ def test_invariants_under_random_adds(groups, max_size, strategy):
     if strategy != "medium_difficulty_low_entropy":
         assert len(set(batch.question_ids.tolist())) == len(batch)  # one trajectory per question
     assert len(set(batch.completions)) == len(batch)
+
+
+# ---------------------------------------------------------------------------------------- per-question index
+def index_from_scratch(buffer):
+    """The per-question index recomputed from the columns: occupied slots of known questions by question,
+    oldest first inside each."""
+    occupied = np.flatnonzero(buffer._cols["occupied"])
+    occupied = occupied[np.argsort(buffer._cols["seq"][occupied], kind="stable")]
+    qidx = buffer._cols["qidx"][occupied]
+    return GroupIndex.build(occupied[qidx >= 0], qidx[qidx >= 0])
+
+
+def assert_index_consistent(buffer):
+    expected = index_from_scratch(buffer)
+    num_questions = len(buffer.bucketer)
+    assert np.array_equal(buffer._index.members, expected.members)
+    assert np.array_equal(buffer._index.counts(num_questions), expected.counts(num_questions))
+    occupied = np.flatnonzero(buffer._cols["occupied"])
+    if buffer.dedup:
+        assert np.array_equal(buffer._cols["hash"][occupied], buffer._completion_hashes(occupied))
+        keys = {
+            (int(q), tuple(buffer._tokens["completion"].rows(np.array([s]))["completion_ids"].tolist()))
+            for q, s in zip(buffer._cols["question_id"][occupied], occupied)
+            if buffer._tokens["completion"].length[s] > 0
+        }
+        stored = int((buffer._tokens["completion"].length[occupied] > 0).sum())
+        assert len(keys) == stored  # no question holds the same completion twice
+
+
+# Each operation: ("add", (question ids, payload seed)), ("remove", question), ("reload", new max_size)
+# or ("clear", 0). Payload seeds repeat on purpose: the same seed and questions give duplicate completions.
+buffer_operations = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("add"),
+            st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=6), st.integers(0, 3)),
+        ),
+        st.tuples(st.just("remove"), st.integers(0, 5)),
+        st.tuples(st.just("reload"), st.integers(1, 14)),
+        st.tuples(st.just("clear"), st.just(0)),
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(buffer_operations, st.integers(1, 12), st.sampled_from([None, 1, 2]), st.booleans())
+def test_index_equals_a_recomputation_after_any_sequence(ops, max_size, max_per_question, dedup):
+    """Adds (with oldest-first and per-question eviction, retirement and duplicates), removals, reloads into
+    buffers of another size and clears leave the index exactly as recomputed from the columns."""
+
+    def new_buffer(size):
+        bucketer = DifficultyBucketer(window_size=4, min_retire_group=3)
+        return TrajectoryBuffer(
+            max_size=size, bucketer=bucketer, max_per_question=max_per_question, dedup=dedup
+        )
+
+    buffer = new_buffer(max_size)
+    rng = np.random.default_rng(len(ops))
+    for kind, arg in ops:
+        if kind == "add":
+            qids, seed = arg
+            buffer.add(make_batch(qids, [float(r) for r in rng.integers(0, 2, len(qids))], seed=seed))
+        elif kind == "remove":
+            buffer.remove_questions([arg])
+        elif kind == "reload":
+            state = roundtrip(buffer.state_dict())
+            buffer = new_buffer(arg)
+            buffer.load_state_dict(state)
+        else:
+            buffer.clear()
+        assert_index_consistent(buffer)
+        assert len(buffer) <= buffer.max_size
+        assert not set(buffer.policy_snapshot["question_ids"].tolist()) & buffer.bucketer.retired
+
+
+def test_index_follows_a_bucketer_loaded_elsewhere():
+    """A shared bucketer that loads a state reassigns dense indices; the buffer re-derives its index."""
+    bucketer = DifficultyBucketer(retire_solved=False)
+    buffer = TrajectoryBuffer(bucketer=bucketer)
+    buffer.add(make_batch([5, 5, 7], [1.0, 0.0, 1.0]))
+    other = DifficultyBucketer(retire_solved=False)
+    other.update(torch.tensor([9, 7, 5]), torch.tensor([1.0, 1.0, 0.0]))  # 7 and 5 get other indices
+    bucketer.load_state_dict(other.state_dict())
+    batch = buffer.sample("uniform", size=5)
+    assert sorted(batch.question_ids.tolist()) == [5, 7]
+    assert_index_consistent(buffer)
+    assert buffer.remove_questions([5]) == 2 and len(buffer) == 1
+    assert_index_consistent(buffer)
+
+
+def test_rows_of_questions_the_bucketer_forgot_can_still_be_removed():
+    bucketer = DifficultyBucketer(retire_solved=False)
+    buffer = TrajectoryBuffer(bucketer=bucketer)
+    buffer.add(make_batch([5, 6], [1.0, 0.0]))
+    bucketer.load_state_dict(DifficultyBucketer().state_dict())  # knows no question now
+    assert len(buffer.sample("uniform", size=5)) == 0  # unknown questions are never sampled
+    assert buffer.remove_questions([5]) == 1 and len(buffer) == 1
+    assert_index_consistent(buffer)
+
+
+def test_random_selection_is_uniform_inside_a_question():
+    buffer = no_retire()
+    buffer.add(make_batch([1, 1, 1, 2], [1.0, 0.0, 1.0, 0.0], entropy=[0.1, 0.2, 0.3, 0.4]))
+    g = torch.Generator().manual_seed(0)
+    picked = [
+        round(float(e), 1)
+        for _ in range(3000)
+        for q, e in zip(*(lambda b: (b.question_ids.tolist(), b.entropy.tolist()))(
+            buffer.sample("uniform", size=2, generator=g)))
+        if q == 1
+    ]  # fmt: skip
+    assert len(picked) == 3000
+    for e in (0.1, 0.2, 0.3):
+        assert abs(picked.count(e) / 3000 - 1 / 3) < 0.03
+
+
+def test_question_sampling_with_the_percentile_filter():
+    """An ablation pair: questions drawn uniformly among those with a trajectory under the percentile, then
+    one of those trajectories uniformly."""
+    buffer = no_retire(entropy_percentiles=(50,))
+    entropy = [0.1, 0.2, 0.9, 0.8, 0.7, 0.05, 0.6, 0.3]
+    buffer.add(make_batch([1, 1, 1, 2, 2, 3, 3, 3], [1.0, 0.0] * 4, entropy=entropy))
+    threshold = np.percentile(entropy, 50)  # 0.45: question 2 has nothing under it
+    g = torch.Generator().manual_seed(0)
+    seen = {}
+    for _ in range(2000):
+        batch = buffer.sample(
+            "uniform",
+            size=5,
+            trajectory_selection="low_entropy_percentile",
+            entropy_percentile=50,
+            generator=g,
+        )
+        assert sorted(batch.question_ids.tolist()) == [1, 3] and (batch.entropy <= threshold).all()
+        for q, e in zip(batch.question_ids.tolist(), batch.entropy.tolist(), strict=True):
+            seen[(q, round(e, 2))] = seen.get((q, round(e, 2)), 0) + 1
+    assert set(seen) == {(1, 0.1), (1, 0.2), (3, 0.05), (3, 0.3)}
+    assert all(abs(n / 2000 - 0.5) < 0.04 for n in seen.values())
+
+
+# ------------------------------------------------------------------------------------------ de-duplication
+def test_a_repeated_completion_replaces_the_stored_copy():
+    buffer = no_retire()
+    assert buffer.add(make_batch([1, 1, 2], [1.0, 0.0, 1.0], seed=0, policy_version=1)) == 3
+    repeat = make_batch([1, 1, 2], [1.0, 0.0, 1.0], seed=0, policy_version=5)  # the same completions
+    repeat.question_ids[2] = 3  # ... but the third now answers another question
+    assert buffer.add(repeat) == 3
+    snapshot = buffer.policy_snapshot
+    stored = sorted(zip(snapshot["question_ids"].tolist(), snapshot["policy_version"].tolist()))
+    assert stored == [(1, 5), (1, 5), (2, 1), (3, 5)]  # question 1's copies are the newest ones
+    assert buffer.state_dict()["seq"].tolist() == [2, 3, 4, 5]  # the replaced ones moved to the back
+    seed_buffer = no_retire(dedup=False)  # the seed's buffer keeps both copies
+    seed_buffer.add(make_batch([1, 1, 2], [1.0, 0.0, 1.0], seed=0))
+    seed_buffer.add(make_batch([1, 1, 2], [1.0, 0.0, 1.0], seed=0))
+    assert len(seed_buffer) == 6
+
+
+def test_duplicates_inside_a_batch_collapse_to_the_last():
+    buffer = no_retire()
+    batch = make_batch([1, 1, 1, 2, 2], [1.0, 0.0, 1.0, 1.0, 1.0], entropy=[0.1, 0.2, 0.3, 0.4, 0.5])
+    for source, target in ((0, 2), (3, 4)):  # row 2 repeats row 0's completion, row 4 repeats row 3's
+        batch.completion_ids[target] = batch.completion_ids[source]
+        batch.completion_mask[target] = batch.completion_mask[source]
+    batch.completion_ids[1] = batch.completion_ids[0]
+    batch.completion_mask[1] = batch.completion_mask[0]
+    batch.completion_ids[1, 0] += 1  # one token off: not a duplicate
+    assert buffer.add(batch) == 3
+    assert sorted(np.round(buffer.entropies().tolist(), 1)) == [0.2, 0.3, 0.5]
+
+
+def test_dedup_compares_ids_exactly_when_hashes_collide(monkeypatch):
+    """With every hash equal, only true duplicates collapse."""
+    import exgrpo_pl.buffer as buffer_module
+
+    monkeypatch.setattr(buffer_module, "row_hashes", lambda ids, lengths: np.zeros(len(lengths), np.uint64))
+    buffer = no_retire()
+    batch = make_batch([1, 1, 1, 1, 2], [1.0, 0.0, 1.0, 0.0, 1.0], entropy=[0.1, 0.2, 0.3, 0.4, 0.5])
+    batch.completion_ids[3], batch.completion_mask[3] = batch.completion_ids[1], batch.completion_mask[1]
+    assert buffer.add(batch) == 4  # rows 0, 2, 3 (for row 1) and question 2
+    again = RolloutBatch.cat([batch.select([2]), make_batch([2], [1.0], seed=9)])  # row 2 again, a new one
+    again.entropy = torch.tensor([0.6, 0.7])
+    assert buffer.add(again) == 2
+    assert sorted(np.round(buffer.entropies().tolist(), 1)) == [0.1, 0.4, 0.5, 0.6, 0.7]
+
+
+def test_trajectories_without_completion_ids_are_never_duplicates():
+    buffer = TrajectoryBuffer()
+    for rollout in ("a", "b"):
+        buffer.add({"prompt": "p", "rollout": rollout, "reward": 1.0, "is_correct": True, "entropy": 0.1})
+    assert len(buffer) == 2
+
+
+def test_a_state_with_duplicates_loads_whole_and_the_next_copy_replaces_them():
+    seed_buffer = no_retire(dedup=False)
+    seed_buffer.add(make_batch([1, 1], [1.0, 0.0], seed=0, policy_version=1))
+    seed_buffer.add(make_batch([1, 1], [1.0, 0.0], seed=0, policy_version=2))
+    buffer = no_retire()
+    buffer.load_state_dict(roundtrip(seed_buffer.state_dict()))
+    assert len(buffer) == 4
+    assert buffer.add(make_batch([1, 1], [1.0, 0.0], seed=0, policy_version=3)) == 2
+    assert sorted(buffer.policy_snapshot["policy_version"].tolist()) == [3, 3]
+    assert_index_consistent(buffer)
+
+
+# ---------------------------------------------------------------------------- replayed rows in mixed groups
+def mixed_group(qid, replayed_reward, fresh_rewards, seed=0):
+    """A mix-mode group: the stored row first (replayed), then the fresh rollouts of the same question."""
+    rewards = [replayed_reward, *fresh_rewards]
+    batch = make_batch(
+        [qid] * len(rewards), rewards, replayed=[True] + [False] * len(fresh_rewards), seed=seed
+    )
+    batch.group_size = len(rewards)
+    return batch
+
+
+def test_a_replayed_row_counts_in_its_groups_outcomes_but_is_not_stored():
+    buffer = TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=8))
+    batch = RolloutBatch.cat([mixed_group(1, 1.0, [0.0, 1.0, 0.0]), mixed_group(2, 0.0, [0.0, 0.0, 1.0])])
+    assert batch.group_size == 4
+    assert buffer.add(batch) == 6  # the fresh rows only
+    correct, total = buffer.bucketer.latest_counts(torch.tensor([1, 2]))
+    assert correct.tolist() == [2, 1] and total.tolist() == [4, 4]
+    assert buffer.bucketer.rates(torch.tensor([1, 2])).tolist() == [0.5, 0.25]
+    assert not buffer.policy_snapshot["question_ids"].eq(0).any()
+    assert sorted(buffer.policy_snapshot["question_ids"].tolist()) == [1, 1, 1, 2, 2, 2]
+
+
+def test_swap_batches_and_strangers_in_a_group_update_nothing():
+    buffer = TrajectoryBuffer()
+    swap = make_batch([1, 2, 3], [1.0, 1.0, 0.0], replayed=[True, True, True])  # group_size 1
+    assert buffer.add(swap) == 0 and len(buffer.bucketer) == 0
+    stranger = make_batch([7, 8, 8], [1.0, 1.0, 0.0], replayed=[True, False, False])
+    stranger.group_size = 3  # the replayed row's question has no fresh row in its group
+    buffer.add(stranger)
+    assert buffer.bucketer.known_questions().tolist() == [8]
+    assert buffer.bucketer.latest_counts(torch.tensor([8]))[1].tolist() == [2]
+
+
+def test_a_mixed_group_solved_by_all_k_retires_its_question():
+    bucketer = DifficultyBucketer(min_retire_group=4)  # three fresh rows alone could not retire it
+    buffer = TrajectoryBuffer(bucketer=bucketer)
+    buffer.add(group(1, 1, 2))
+    assert buffer.add(mixed_group(1, 1.0, [1.0, 1.0, 1.0])) == 0
+    assert bucketer.retired == {1} and len(buffer) == 0
+
+
+@pytest.mark.parametrize(
+    ("replayed_reward", "fresh", "stored"),
+    [
+        (0.0, [1.0, 1.0, 1.0], 3),  # 3/4 is partial (3/3 of the fresh rows alone would retire it)
+        (1.0, [0.0, 0.0, 0.0], 0),  # 1/4 is partial, but no fresh row is correct
+        (1.0, [1.0, 0.0, 0.0], 1),  # 2/4
+        (1.0, [1.0, 1.0, 1.0], 0),  # 4/4: solved, retired
+    ],
+)
+def test_correct_of_partial_counts_the_whole_group(replayed_reward, fresh, stored):
+    buffer = TrajectoryBuffer(keep="correct_of_partial", bucketer=DifficultyBucketer(window_size=8))
+    assert buffer.add(mixed_group(1, replayed_reward, fresh)) == stored
+    assert buffer.bucketer.latest_counts(torch.tensor([1]))[1].tolist() == [4]
+    assert buffer.bucketer.retired == ({1} if stored == 0 and sum(fresh) == 3 else set())
