@@ -1,8 +1,9 @@
 """RolloutBatch: the trajectories a training step trained on, as the module hands them to the callbacks.
 
-This is the unit of exchange of DESIGN.md section 3: `ExGRPOModule.training_step` returns one, the replay
-callback feeds it to the buffer, and the buffer hands sampled experience back as one. Plain PyTorch, no
-Lightning, so a hand-written loop can use it too.
+This is the unit of exchange between a GRPO module and the replay callbacks (`exgrpo_pl.contract`,
+docs/replay_contract.md): `training_step` returns one, the replay callback feeds it to the buffer, and the
+buffer hands sampled experience back as one. Plain PyTorch, no Lightning, so a hand-written loop can use it
+too.
 
 Layout: rows are trajectories. Prompts are left-padded (generation appends on the right), completions are
 right-padded. Rows that share a question sit next to each other in groups of `group_size`.
@@ -31,6 +32,14 @@ _TENSOR_FIELDS = (
     "replayed",
 )
 _LIST_FIELDS = ("prompts", "completions", "answers", "domains")
+# Fields whose dtype must be bool: `~mask` on an integer tensor is a bitwise not (-1, -2), not a negation, and
+# indexing with an integer "mask" gathers rows instead of selecting them.
+_BOOL_FIELDS = {
+    "prompt_mask": "a tokenizer's attention_mask.bool()",
+    "completion_mask": "completion_mask.bool()",
+    "correct": "rewards > 0.5",
+    "replayed": "torch.zeros(n, dtype=torch.bool) for fresh rows",
+}
 
 
 @dataclass
@@ -78,6 +87,10 @@ class RolloutBatch:
     domains: list[str] | None = None
 
     def __post_init__(self) -> None:
+        for name, example in _BOOL_FIELDS.items():
+            dtype = getattr(self, name).dtype
+            if dtype != torch.bool:
+                raise TypeError(f"RolloutBatch.{name} is {dtype}; {name} must be bool (e.g. {example})")
         n = self.question_ids.shape[0]
         for name in _TENSOR_FIELDS:
             value = getattr(self, name)
@@ -118,6 +131,11 @@ class RolloutBatch:
         return replace(self, **{name: getattr(self, name).to(device) for name in _TENSOR_FIELDS})
 
     @property
+    def sequences(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`(prompt_ids, prompt_mask, completion_ids, completion_mask)`: what a policy forward reads."""
+        return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+
+    @property
     def completion_lengths(self) -> Tensor:
         """`[N]` number of real completion tokens per row."""
         return self.completion_mask.sum(-1)
@@ -146,8 +164,10 @@ class RolloutBatch:
             parts = [getattr(b, name) for b in batches]
             if name == "domains" and any(x is None for x in parts):
                 values[name] = None
-            else:
+            elif all(parts) or not any(parts):
                 values[name] = [item for part in parts for item in part]
+            else:  # a batch without texts next to one with them: "" per row keeps one entry per row
+                values[name] = [item for b, part in zip(batches, parts) for item in (part or [""] * len(b))]
         return RolloutBatch(group_size=group_size, **values)
 
 

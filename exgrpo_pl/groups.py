@@ -7,6 +7,11 @@ functions, so any GRPO module (ours, or your own) trains replay the same way:
     fresh = ...                                      # sample and score them: a RolloutBatch, one row each
     rollouts = assemble_groups(plan, fresh, "group") # the groups to train on, with advantages
 
+or, with a sampler of your own (`rollout_fn(prompts, **columns)` returning the prompt/completion ids and masks
+and the rewards), the three at once: `rollouts = sample_groups(batch, num_generations, rollout_fn)`. The
+step's first forward then gives the fresh rows their behaviour log-probs and entropy (`record_behaviour`),
+and `replayed_token_loss` puts the replayed rows' importance-weighted term into the per-token loss.
+
 - No experience: every question of the batch gets K fresh rollouts.
 - Mix (the paper): the batch's last `len(experience)` questions give way to the replayed questions. Each
   replayed question gets K-1 fresh rollouts, and its group is its stored trajectory followed by them;
@@ -19,6 +24,7 @@ Plain PyTorch, no Lightning and no model.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,7 +33,13 @@ from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.contract import Experience
-from exgrpo_pl.losses import SCALE_REWARDS, group_advantages
+from exgrpo_pl.losses import (
+    SCALE_REWARDS,
+    compute_importance_weights,
+    group_advantages,
+    masked_mean,
+    token_entropy,
+)
 
 # Batch keys the plan consumes itself; every other list-valued key is a dataset column for the rewards.
 RESERVED_KEYS = ("prompt", "question_id", "experience")
@@ -200,3 +212,182 @@ def _check_fresh(plan: RolloutPlan, fresh: RolloutBatch | None) -> None:
         )
     if bool(fresh.replayed.any()):
         raise ValueError("fresh rollouts must have replayed=False; the stored rows come from plan.experience")
+
+
+# What a `sample_groups` sampler returns, in this order (optionally followed by the decoded completions).
+SAMPLED = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "rewards")
+
+
+def fresh_rollouts(
+    plan: RolloutPlan,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    rewards: Tensor | Sequence[float],
+    completions: Sequence[str] | None = None,
+    *,
+    policy_version: int = 0,
+    correct_threshold: float = 0.5,
+) -> RolloutBatch:
+    """The fresh `RolloutBatch` of `plan`, from the tensors a module sampled and scored.
+
+    Row i is a completion of `plan.expand(plan.prompts)[i]`. Masks may be 0/1 integers (a tokenizer's
+    `attention_mask`): they are made bool. `behaviour_logps` and `entropy` stay 0 until the step's first
+    forward fills them (`record_behaviour`), `advantages` until `assemble_groups`.
+
+    Args:
+        plan: the step's `plan_rollouts`.
+        prompt_ids: `[N, P]` left-padded prompt tokens, N = `plan.num_rollouts`.
+        prompt_mask: `[N, P]` True (or 1) on real prompt tokens.
+        completion_ids: `[N, C]` right-padded completion tokens.
+        completion_mask: `[N, C]` True (or 1) on real completion tokens, up to and including EOS.
+        rewards: `[N]` rewards.
+        completions: N decoded completions; optional (DifficultyMonitor's table shows them).
+        policy_version: the step whose policy sampled them (`self.global_step`).
+        correct_threshold: a row is correct when its reward exceeds this.
+    """
+    n = plan.num_rollouts
+    device = completion_ids.device
+    rewards = torch.as_tensor(rewards, device=device).float()
+    for name, value, shape in (
+        ("prompt_ids", prompt_ids, None),
+        ("prompt_mask", prompt_mask, prompt_ids.shape),
+        ("completion_ids", completion_ids, None),
+        ("completion_mask", completion_mask, completion_ids.shape),
+        ("rewards", rewards, None),
+    ):
+        ndim = 1 if name == "rewards" else 2
+        if value.ndim != ndim or value.shape[0] != n or (shape is not None and value.shape != shape):
+            want = f"[{n}]" if name == "rewards" else f"[{n}, width]" + (" like its ids" if shape else "")
+            raise ValueError(
+                f"{name} has shape {list(value.shape)}; the plan samples {n} rollouts "
+                f"(plan.expand(plan.prompts), repeats {plan.repeats}), so it must be {want}"
+            )
+    columns = {key: plan.expand(values) for key, values in plan.columns.items()}
+    repeats = torch.tensor(plan.repeats, dtype=torch.long)
+    zeros = torch.zeros(n, device=device)
+    return RolloutBatch(
+        question_ids=plan.question_ids.repeat_interleave(repeats).to(device),
+        prompt_ids=prompt_ids.long(),
+        prompt_mask=prompt_mask.bool(),
+        completion_ids=completion_ids.long(),
+        completion_mask=completion_mask.bool(),
+        behaviour_logps=torch.zeros(completion_ids.shape, device=device),  # the first forward's, later
+        rewards=rewards,
+        correct=rewards > correct_threshold,
+        entropy=zeros.clone(),
+        advantages=zeros,
+        policy_version=torch.full((n,), policy_version, dtype=torch.long, device=device),
+        replayed=torch.zeros(n, dtype=torch.bool, device=device),
+        group_size=1,
+        prompts=plan.expand(plan.prompts),
+        completions=[] if completions is None else list(completions),
+        answers=[str(a) for a in columns.get("answer", [""] * n)],
+        domains=columns.get("domain"),
+    )
+
+
+def sample_groups(
+    batch: dict,
+    num_generations: int,
+    rollout_fn: Callable[..., Sequence],
+    *,
+    scale_rewards: str = "group",
+    policy_version: int = 0,
+    correct_threshold: float = 0.5,
+) -> RolloutBatch:
+    """`plan_rollouts`, your sampler, `fresh_rollouts` and `assemble_groups`: the groups a step trains on.
+
+    Args:
+        batch: the training batch, `batch["experience"]` included when `ReplayCallback` put one there.
+        num_generations: K.
+        rollout_fn: `rollout_fn(prompts, **columns)` samples one completion per entry of `prompts` (each
+            question already repeated as often as it needs) and scores it; `columns` are the batch's dataset
+            columns (`answer`, ...) per row, as reward functions receive them. It returns `(prompt_ids,
+            prompt_mask, completion_ids, completion_mask, rewards)`, optionally followed by the decoded
+            completions (see `fresh_rollouts`). A swap step samples nothing and does not call it.
+        scale_rewards: "group", "batch" or "none", as for `group_advantages`.
+        policy_version: the step whose policy samples (`self.global_step`).
+        correct_threshold: a row is correct when its reward exceeds this.
+
+    Returns:
+        As `assemble_groups`: groups of K rows (stored row first in a replayed question's group) with their
+        advantages; a swap step's stored rows, one per group. Replayed rows arrive on the CPU and stay
+        there in a swap step: move the result with `.to(device)`.
+    """
+    plan = plan_rollouts(batch, num_generations)
+    fresh = None
+    if plan.num_rollouts:
+        columns = {key: plan.expand(values) for key, values in plan.columns.items()}
+        sampled = rollout_fn(plan.expand(plan.prompts), **columns)
+        if not isinstance(sampled, (tuple, list)) or len(sampled) not in (len(SAMPLED), len(SAMPLED) + 1):
+            got = f"{len(sampled)} values" if isinstance(sampled, (tuple, list)) else type(sampled).__name__
+            raise TypeError(
+                f"rollout_fn returned {got}; it must return ({', '.join(SAMPLED)}), optionally followed by "
+                "the decoded completions"
+            )
+        fresh = fresh_rollouts(
+            plan, *sampled, policy_version=policy_version, correct_threshold=correct_threshold
+        )
+    return assemble_groups(plan, fresh, scale_rewards)
+
+
+@torch.no_grad()
+def record_behaviour(rollouts: RolloutBatch, logps: Tensor, logits: Tensor) -> None:
+    """Give the fresh rows the behaviour log-probs and entropy of the step's first forward (in place).
+
+    Call it with the forward taken before any update on this batch: its log-probs are those of the policy
+    that sampled the rows, which the importance weights of a later replay divide by, and its entropy is
+    what the buffer ranks trajectories by. Replayed rows keep what they carry.
+
+    Args:
+        rollouts: the step's rows (`sample_groups` / `assemble_groups`).
+        logps: `[N, C]` log-probs of the completion tokens from that forward.
+        logits: `[N, C, V]` the logits that predicted them, divided by the sampling temperature as the
+            sampler did; or `[N, C]` token entropies.
+    """
+    mask = rollouts.completion_mask
+    if logps.shape != mask.shape or logits.shape[:2] != mask.shape:
+        raise ValueError(
+            f"record_behaviour: logps {list(logps.shape)} and logits {list(logits.shape)} must be [N, C] and "
+            f"[N, C, V] with [N, C] = completion_ids' {list(mask.shape)}"
+        )
+    fresh = ~rollouts.replayed
+    if not bool(fresh.any()):
+        return
+    scored = logps.detach().float().masked_fill(~mask, 0.0)  # [N, C]
+    rollouts.behaviour_logps = torch.where(fresh.unsqueeze(1), scored, rollouts.behaviour_logps)
+    entropy = token_entropy(logits.detach()) if logits.ndim == 3 else logits.detach().float()  # [N, C]
+    rollouts.entropy = torch.where(fresh, masked_mean(entropy, mask, dim=1), rollouts.entropy)
+
+
+def replayed_token_loss(
+    per_token: Tensor,
+    logps: Tensor,
+    rollouts: RolloutBatch,
+    correction: str = "shaping",
+    shaping_beta: float = 0.1,
+    truncation: float = 2.0,
+) -> Tensor:
+    """`per_token` `[N, C]` with each replayed row's terms replaced by ExGRPO's -f(w) A.
+
+    A replayed row was sampled by an older policy, so the clipped ratio against this step's own log-probs
+    says nothing about it; ExGRPO weights its tokens by f(w), w = pi_theta / pi_behaviour from the stored
+    behaviour log-probs, unclipped, as `compute_grpo_loss` does (`compute_importance_weights`: policy
+    shaping w / (w + beta) by default). Fresh rows keep their terms; without replayed rows `per_token` is
+    returned as it is.
+
+    Args:
+        per_token: `[N, C]` the module's per-token loss (e.g. the clipped surrogate).
+        logps: `[N, C]` current log-probs of the completion tokens, with grad.
+        rollouts: the step's rows: `replayed`, `behaviour_logps`, `advantages`, `completion_mask`.
+        correction, shaping_beta, truncation: as for `compute_importance_weights`.
+    """
+    replayed = rollouts.replayed.unsqueeze(1)  # [N, 1]
+    if not bool(replayed.any()):
+        return per_token
+    weights = compute_importance_weights(
+        logps, rollouts.behaviour_logps, rollouts.completion_mask, correction, shaping_beta, truncation
+    )  # [N, C]
+    return torch.where(replayed, -weights * rollouts.advantages.unsqueeze(1).to(weights.dtype), per_token)
