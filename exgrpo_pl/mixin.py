@@ -6,13 +6,21 @@ The callback rescores stored trajectories with the current policy (the paper's t
 `score_entropy`, and under ZeRO-3/FSDP asks `entropy_forwards` how many policy forwards that takes, so that
 every rank runs the same number. The mixin implements both with `exgrpo_pl.rollout.score_entropy` on the
 module's transformers policy; override `replay_policy` if yours is not `self.policy` or `self.model`.
+
+Three more methods make a GRPO `training_step` honour `batch["experience"]` in a few lines
+(examples/own_module.py, docs/replay_contract.md): `replay_groups` (what to train on, sampled with your
+own sampler), `record_behaviour` (the fresh rows' behaviour log-probs and entropy from your first
+forward) and `replay_loss` (the replayed rows' importance-weighted loss terms).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.groups import record_behaviour, replayed_token_loss, sample_groups
 from exgrpo_pl.rollout import num_micro_batches, score_entropy
 
 # Rows per rescoring forward when the module has no `micro_batch_size` hyperparameter.
@@ -61,3 +69,41 @@ class ReplayMixin:
         """Policy forwards that `score_entropy(rollouts)` runs: one per micro-batch."""
         rows = self._replay_setting("micro_batch_size", DEFAULT_RESCORE_ROWS)
         return num_micro_batches(len(rollouts), rows)
+
+    # ------------------------------------------------------------- a replay-ready training_step
+    def replay_groups(self, batch: dict, rollout_fn: Callable[..., Sequence]) -> RolloutBatch:
+        """The rows this step trains on, `batch["experience"]` honoured, with advantages, on `self.device`.
+
+        `exgrpo_pl.groups.sample_groups` with K = `num_generations`, `global_step` as the policy version, and
+        `hparams.scale_rewards` ("group") and `hparams.correct_threshold` (0.5) when the module has them.
+
+        Args:
+            batch: the training batch.
+            rollout_fn: `rollout_fn(prompts, **columns) -> (prompt_ids, prompt_mask, completion_ids,
+                completion_mask, rewards[, completions])`, one scored completion per prompt entry.
+        """
+        rollouts = sample_groups(
+            batch, self.num_generations, rollout_fn,
+            scale_rewards=self._replay_setting("scale_rewards", "group"), policy_version=self.global_step,
+            correct_threshold=self._replay_setting("correct_threshold", 0.5),
+        )  # fmt: skip
+        return rollouts.to(self.device)
+
+    def record_behaviour(self, rollouts: RolloutBatch, logps: Tensor, logits: Tensor) -> None:
+        """The fresh rows' behaviour log-probs and entropy from this batch's first forward (in place).
+
+        See `exgrpo_pl.groups.record_behaviour`: `logps` `[N, C]`, `logits` `[N, C, V]` (or token entropies
+        `[N, C]`) of the forward taken before any update on this batch.
+        """
+        record_behaviour(rollouts, logps, logits)
+
+    def replay_loss(self, per_token: Tensor, logps: Tensor, rollouts: RolloutBatch) -> Tensor:
+        """`per_token` `[N, C]` with the replayed rows' terms replaced by -f(w) A (ExGRPO's off-policy term).
+
+        See `exgrpo_pl.groups.replayed_token_loss`; reads `hparams.off_policy_correction` ("shaping"),
+        `hparams.shaping_beta` (0.1) and `hparams.is_truncation` (2.0) when the module has them.
+        """
+        return replayed_token_loss(
+            per_token, logps, rollouts, self._replay_setting("off_policy_correction", "shaping"),
+            self._replay_setting("shaping_beta", 0.1), self._replay_setting("is_truncation", 2.0),
+        )  # fmt: skip
