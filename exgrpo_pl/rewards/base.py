@@ -91,6 +91,10 @@ class RewardTimeoutError(TimeoutError):
         self.num_completions = num_completions
         self.timeout_seconds = timeout_seconds
 
+    def __reduce__(self):
+        # Rebuilt from its fields, not its message, so it survives pickling (e.g. from a spawned DDP worker).
+        return type(self), (self.name, self.num_completions, self.timeout_seconds)
+
 
 def _call(fn: Callable[..., Any], name: str, timeout_seconds: float | None, kwargs: dict[str, Any]) -> Any:
     """`fn(**kwargs)`; with a limit, the same call in a daemon thread, waited for at most that long.

@@ -2,6 +2,7 @@
 
 import contextvars
 import math
+import pickle
 import subprocess
 import sys
 import threading
@@ -244,6 +245,8 @@ def test_timeout_raises_naming_function_completions_and_limit(stuck):
     assert isinstance(info.value, TimeoutError)
     assert "raise the limit" in str(info.value) and "reward_timeout_seconds" in str(info.value)
     assert (info.value.name, info.value.num_completions, info.value.timeout_seconds) == ("stuck", 3, 0.2)
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert str(copy) == str(info.value) and copy.name == "stuck"
 
 
 def test_timeout_holds_outside_the_main_thread(stuck):
