@@ -35,7 +35,7 @@ class RolloutCollector:
         truncate_prompts: keep a long prompt's last `max_prompt_length` tokens instead of failing.
         chat_template: wrap each prompt as a user message with the tokenizer's chat template.
         correct_threshold: a rollout is correct when its reward exceeds this.
-        reward_timeout: seconds each reward function may take per call; None: no limit.
+        reward_timeout_seconds: seconds each reward function may take per call; None: no limit.
     """
 
     def __init__(
@@ -48,7 +48,7 @@ class RolloutCollector:
         truncate_prompts: bool = False,
         chat_template: bool = False,
         correct_threshold: float = 0.5,
-        reward_timeout: float | None = None,
+        reward_timeout_seconds: float | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.reward_funcs = list(reward_funcs)
@@ -57,7 +57,7 @@ class RolloutCollector:
         self.truncate_prompts = truncate_prompts
         self.chat_template = chat_template
         self.correct_threshold = correct_threshold
-        self.reward_timeout = reward_timeout
+        self.reward_timeout_seconds = reward_timeout_seconds
 
     def _token_ids(self, prompts: Sequence[str]) -> list[list[int]]:
         if self.chat_template:
@@ -136,7 +136,7 @@ class RolloutCollector:
         row_columns = {key: plan.expand(values) for key, values in plan.columns.items()}
         rewards, per_function = compute_rewards(
             self.reward_funcs, self.reward_weights, row_prompts, completions, row_columns,
-            timeout_seconds=self.reward_timeout,
+            timeout_seconds=self.reward_timeout_seconds,
         )  # fmt: skip
         metrics["timing/reward"] = time.perf_counter() - started
         for name, values in per_function.items():

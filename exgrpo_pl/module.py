@@ -46,8 +46,8 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         reward_funcs: reward functions, TRL's protocol `fn(prompts, completions, **columns) -> list[float]`.
             Defaults to the synthetic task's exact verifier.
         reward_weights: one weight per reward function (default 1.0 each).
-        reward_timeout: seconds one reward function may take per batch before the run stops with an error
-            naming it; None: no limit.
+        reward_timeout_seconds: seconds one reward function may take per batch before the run stops with
+            an error naming it (`exgrpo_pl.rewards.RewardTimeoutError`); None: no limit.
         num_generations: K, rollouts per prompt (>= 2: a group of one has no advantage).
         max_prompt_length: longest prompt in tokens; longer prompts are an error (found before training)
             unless `truncate_prompts`.
@@ -96,7 +96,7 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         model_name_or_path: str = "embedded:tiny-arith",
         reward_funcs: list[Callable] | None = None,
         reward_weights: list[float] | None = None,
-        reward_timeout: float | None = 300.0,
+        reward_timeout_seconds: float | None = 600.0,
         num_generations: int = 8,
         max_prompt_length: int = 512,
         truncate_prompts: bool = False,
@@ -151,7 +151,8 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         self.collector = RolloutCollector(
             self.tokenizer, reward_funcs, reward_weights,
             max_prompt_length=max_prompt_length, truncate_prompts=truncate_prompts,
-            chat_template=chat_template, correct_threshold=correct_threshold, reward_timeout=reward_timeout,
+            chat_template=chat_template, correct_threshold=correct_threshold,
+            reward_timeout_seconds=reward_timeout_seconds,
         )  # fmt: skip
         self.lora_config = lora_config(lora) if lora else None
         eos = self.tokenizer.eos_token_id
@@ -313,7 +314,7 @@ class ExGRPOModule(ReplayMixin, LightningModule):
 
 
 _NUMBERS = {
-    "reward_timeout": dict(low=0, low_open=True, optional=True),
+    "reward_timeout_seconds": dict(low=0, low_open=True, optional=True),
     "num_generations": dict(low=2, integer=True),
     "max_prompt_length": dict(low=1, integer=True),
     "max_completion_length": dict(low=1, integer=True),
