@@ -1,26 +1,42 @@
-"""The contract between a GRPO LightningModule and the replay callbacks (DESIGN.md section 3).
+"""The contract between a GRPO LightningModule and the replay callbacks, and the checks that enforce it.
 
-A user's own GRPO module works with `ReplayCallback` if it follows `ReplayableModule`:
+A user's own GRPO module works with `ReplayCallback` if it follows `ReplayableModule` (the whole contract,
+field by field: docs/replay_contract.md):
 
-- the training batch is a dict; the callback may put `batch["experience"] = Experience(...)` into it in
+- the training batch is a dict with `prompt` (list of str, one per question) and `question_id` (`[B]` long
+  tensor of stable ids); the callback may put `batch["experience"] = Experience(...)` into it in
   `on_train_batch_start` (the same dict object reaches `training_step`);
 - `training_step` honours that entry and returns `{"loss": ..., "rollouts": RolloutBatch}` with what it
   trained on (fresh rows with their behaviour log-probs, replayed rows flagged);
 - `score_entropy` rescores stored trajectories under the current policy (the paper's selection), and
   `entropy_forwards` says how many policy forwards that takes, so that under ZeRO-3 the callback can make
   every rank run the same number (each forward there is a collective).
+
+The `check_*` functions (no Lightning) say what is wrong and what to return instead; `ReplayCallback` runs
+them through a `StepChecker`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
 
 REPLAY_MODES = ("swap", "mix")
+CONTRACT_DOC = "docs/replay_contract.md"
+BATCH_KEYS = {
+    "prompt": "list of str, one per question",
+    "question_id": "[B] long tensor of stable question ids",
+}
+RETURN_FIX = (
+    'return {"loss": loss, "rollouts": rollouts} from training_step, rollouts being the RolloutBatch the '
+    "step trained on (ReplayMixin.replay_groups or exgrpo_pl.groups.sample_groups builds it)"
+)
 
 
 @dataclass
@@ -63,3 +79,242 @@ class ReplayableModule(Protocol):
     def entropy_forwards(self, rollouts: RolloutBatch) -> int:
         """How many policy forwards `score_entropy(rollouts)` runs (e.g. its micro-batches)."""
         ...
+
+
+class ContractError(ValueError):
+    """What a module or datamodule handed the callbacks breaks the contract; the message has the fix."""
+
+
+def check_batch(batch: Any) -> None:
+    """Raise a `ContractError` naming the missing or malformed key unless `batch` is a training batch the
+    callbacks can read: a dict with `prompt` (list of str) and `question_id` (`[B]` integers)."""
+    keys = ", ".join(f"{key!r} ({what})" for key, what in BATCH_KEYS.items())
+    contract = (
+        f"ReplayCallback needs training batches that are dicts with {keys}, as "
+        f"exgrpo_pl.data.PromptDataModule (collate_rows) makes them; see {CONTRACT_DOC}"
+    )
+    if not isinstance(batch, Mapping):
+        raise ContractError(f"the training batch is a {type(batch).__name__}: {contract}")
+    for key in BATCH_KEYS:
+        if key not in batch:
+            raise ContractError(
+                f"the training batch has no {key!r} key (it has {sorted(map(str, batch))}): rename the "
+                f"datamodule's key. {contract}"
+            )
+    prompts, ids = batch["prompt"], batch["question_id"]
+    if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
+        raise ContractError(f"batch['prompt'] is not a list of str ({type(prompts).__name__}): {contract}")
+    if isinstance(ids, Tensor):
+        bad = ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.shape != (len(prompts),)
+    else:
+        bad = not isinstance(ids, (list, tuple)) or len(ids) != len(prompts)
+        bad = bad or not all(isinstance(i, int) for i in ids)
+    if bad:
+        got = f"{ids.dtype} of shape {list(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
+        raise ContractError(
+            f"batch['question_id'] is {got} for {len(prompts)} prompts; it must be one integer id per prompt "
+            f"(a [B] long tensor). {contract}"
+        )
+
+
+def check_step_output(outputs: Any) -> RolloutBatch:
+    """The `RolloutBatch` in what `training_step` returned, as Lightning hands it to callbacks.
+
+    Lightning turns a returned tensor into `{"loss": tensor}` and None into `{}`; either lacks the rollouts
+    the callback stores, and the `ContractError` says what to return instead.
+    """
+    if not isinstance(outputs, Mapping) or not outputs:
+        got = "nothing" if isinstance(outputs, Mapping) else f"a {type(outputs).__name__}"
+        raise ContractError(f"training_step returned {got}; ReplayCallback needs you to {RETURN_FIX}")
+    missing = [key for key in ("loss", "rollouts") if key not in outputs]
+    if missing:
+        got = "only the loss" if set(outputs) == {"loss"} else f"a dict with keys {sorted(map(str, outputs))}"
+        raise ContractError(
+            f"training_step returned {got}, without {' and '.join(map(repr, missing))}; ReplayCallback needs "
+            f"you to {RETURN_FIX}"
+        )
+    rollouts = outputs["rollouts"]
+    if not isinstance(rollouts, RolloutBatch):
+        raise ContractError(
+            f"training_step's 'rollouts' is a {type(rollouts).__name__}, not an "
+            f"exgrpo_pl.batch.RolloutBatch; {RETURN_FIX}"
+        )
+    return rollouts
+
+
+# Dtype families of the tensor fields: (test, what the message asks for).
+_INTEGER = (lambda d: d == torch.long, "torch.long")
+_FLOAT = (lambda d: d.is_floating_point, "a float dtype")
+_DTYPES = {
+    "question_ids": _INTEGER,
+    "prompt_ids": _INTEGER,
+    "completion_ids": _INTEGER,
+    "policy_version": _INTEGER,
+    "behaviour_logps": _FLOAT,
+    "rewards": _FLOAT,
+    "entropy": _FLOAT,
+    "advantages": _FLOAT,
+}
+# Field -> the field whose shape it must have; None: one value per row.
+_SHAPES = {
+    "prompt_mask": "prompt_ids",
+    "completion_mask": "completion_ids",
+    "behaviour_logps": "completion_ids",
+    "question_ids": None,
+    "rewards": None,
+    "correct": None,
+    "entropy": None,
+    "advantages": None,
+    "policy_version": None,
+    "replayed": None,
+}
+
+
+def check_rollouts(rollouts: RolloutBatch, num_generations: int, scored: bool = True) -> None:
+    """Raise a `ContractError` naming the field unless `rollouts` is what the buffer can store and replay.
+
+    Checks dtypes (ids long, log-probs and rewards float; masks and flags are bool by construction), shapes
+    (`[N, P]`, `[N, C]`, `[N]`), prompts and answers for every row when there are fresh rows (a mixed replay
+    step samples new rollouts of a stored prompt and scores them against its stored answer), groups of K
+    rows of one question when there are fresh rows, and, when `scored`, that the fresh rows carry behaviour
+    log-probs and entropy (all exactly 0 means the step never filled them).
+
+    Args:
+        rollouts: what `training_step` returned under "rollouts".
+        num_generations: the module's K.
+        scored: whether the step finished scoring its rows (False for a skipped update).
+    """
+    fix = f"see {CONTRACT_DOC}"
+    for name, (ok, want) in _DTYPES.items():
+        dtype = getattr(rollouts, name).dtype
+        if not ok(dtype):
+            raise ContractError(f"rollouts.{name} is {dtype}; it must be {want} ({fix})")
+    n = len(rollouts)
+    for name in ("prompt_ids", "completion_ids"):
+        if getattr(rollouts, name).ndim != 2:
+            raise ContractError(
+                f"rollouts.{name} has shape {list(getattr(rollouts, name).shape)}; want [N, width]"
+            )
+    for name, like in _SHAPES.items():
+        shape = getattr(rollouts, name).shape
+        want = (n,) if like is None else getattr(rollouts, like).shape
+        if shape != want:
+            what = f"the shape of {like}" if like else "one value per row"
+            raise ContractError(
+                f"rollouts.{name} has shape {list(shape)}; it must be {list(want)} ({what}; {fix})"
+            )
+    fresh = ~rollouts.replayed
+    if not bool(fresh.any()):
+        return
+    for name in ("prompts", "answers"):
+        if len(getattr(rollouts, name)) != n:
+            raise ContractError(
+                f"rollouts.{name} has {len(getattr(rollouts, name))} entries for {n} rows: the buffer "
+                "stores each fresh row's prompt and answer, and a mixed replay step samples new rollouts of "
+                "the stored prompt against the stored answer; give one entry per row "
+                "(exgrpo_pl.groups.fresh_rollouts does)"
+            )
+    k = num_generations
+    if rollouts.group_size != k:
+        raise ContractError(
+            f"rollouts.group_size is {rollouts.group_size} in a step with fresh rows; it must be K = "
+            f"num_generations = {k}: each question's K rows next to each other (assemble_groups does this)"
+        )
+    groups = rollouts.question_ids.view(-1, k)  # [N/K, K]
+    if not bool((groups == groups[:, :1]).all()):
+        raise ContractError(
+            f"rollouts' groups of {k} rows mix questions (question_ids {groups.tolist()[:4]}...): rows of "
+            "one question must be contiguous, a replayed question's stored row first (assemble_groups does "
+            "this)"
+        )
+    real = rollouts.completion_mask & fresh.unsqueeze(1)  # [N, C]
+    if scored and bool(real.any()):
+        no_logps = not bool(rollouts.behaviour_logps[real].any())
+        if no_logps and not bool(rollouts.entropy[fresh].any()):
+            raise ContractError(
+                "the fresh rows' behaviour_logps and entropy are all 0: fill them from the step's first "
+                "forward, before the update (ReplayMixin.record_behaviour or "
+                "exgrpo_pl.groups.record_behaviour); replay divides by these log-probs and selects "
+                "trajectories by this entropy"
+            )
+
+
+def check_experience_used(experience: Experience, rollouts: RolloutBatch) -> None:
+    """Raise a `ContractError` unless the step trained on the experience it was given, flagged as replayed.
+
+    The replayed rows of `rollouts` must be `experience.rollouts`' rows (the same question ids, as a
+    multiset), and a swap step has no fresh rows. When they are not, it tells apart experience that was
+    ignored from stored rows that came back with `replayed=False` (same question and completion tokens):
+    unflagged, the buffer would count them as fresh evidence of difficulty and store them again.
+    """
+    stored = experience.rollouts
+    replayed = rollouts.replayed.cpu()
+    question_ids = rollouts.question_ids.cpu()
+    given = torch.sort(stored.question_ids.cpu()).values
+    got = torch.sort(question_ids[replayed]).values
+    generated = int((~replayed).sum())
+    if torch.equal(given, got) and (experience.mode == "mix" or generated == 0):
+        return
+    unflagged = _unflagged_rows(stored, rollouts, replayed)
+    where = f"batch['experience'] ({experience.mode} mode, {len(stored)} stored rows)"
+    if unflagged:
+        raise ContractError(
+            f"rows {unflagged[:8]} of the step's rollouts are rows of {where}, the same question and "
+            "completion tokens, but have replayed=False: keep their replayed=True flag (assemble_groups and "
+            "sample_groups do); unflagged, the buffer takes them for fresh evidence and stores them again"
+        )
+    if experience.mode == "swap" and generated:
+        raise ContractError(
+            f"a swap step generated {generated} fresh rows: it must train on {where} alone, generating "
+            "nothing (plan_rollouts / sample_groups / ReplayMixin.replay_groups sample nothing in swap mode)"
+        )
+    if not len(got):
+        raise ContractError(
+            f"training_step ignored {where}: its rollouts have no replayed row. Read batch['experience'] "
+            "(ReplayMixin.replay_groups, exgrpo_pl.groups.sample_groups or plan_rollouts + assemble_groups "
+            f"do) and train on its rows; see {CONTRACT_DOC}"
+        )
+    raise ContractError(
+        f"the step's replayed rows (question ids {got.tolist()[:8]}) are not the rows of {where} (question "
+        f"ids {given.tolist()[:8]}): return every given row, flagged replayed=True, and nothing else flagged"
+    )
+
+
+def _unflagged_rows(stored: RolloutBatch, rollouts: RolloutBatch, replayed: Tensor) -> list[int]:
+    """Rows of `rollouts` with replayed=False equal to a stored row (question id and completion tokens)."""
+
+    def tokens(batch: RolloutBatch, row: int) -> tuple[int, ...]:
+        return tuple(batch.completion_ids[row][batch.completion_mask[row]].tolist())
+
+    wanted = {(q, tokens(stored, r)) for r, q in enumerate(stored.question_ids.tolist())}
+    questions = {q for q, _ in wanted}
+    rows = [r for r, q in enumerate(rollouts.question_ids.tolist()) if q in questions and not replayed[r]]
+    return [r for r in rows if (int(rollouts.question_ids[r]), tokens(rollouts, r)) in wanted]
+
+
+class StepChecker:
+    """The checks `ReplayCallback` runs: the cheap ones every step, the field checks once per kind of step.
+
+    Every step: `check_batch` and `check_step_output` (dict look-ups and isinstance), and on a replay step
+    `check_experience_used` (a sort of the replayed question ids). `check_rollouts` runs on the first fully
+    scored step of each kind ("fresh", "swap", "mix"): a module's code path for a kind does not change
+    between steps, and its field checks synchronise with the device.
+    """
+
+    def __init__(self) -> None:
+        self.checked: set[str] = set()
+
+    def check_batch(self, batch: Any) -> None:
+        check_batch(batch)
+
+    def check_outputs(self, outputs: Any, batch: Mapping, num_generations: int) -> RolloutBatch:
+        """The step's `RolloutBatch`, after the checks; a `ContractError` names the first problem."""
+        rollouts = check_step_output(outputs)
+        experience = batch.get("experience")
+        kind = "fresh" if experience is None else experience.mode
+        if kind not in self.checked and not outputs.get("skipped", False):
+            check_rollouts(rollouts, num_generations)
+            self.checked.add(kind)
+        if experience is not None:
+            check_experience_used(experience, rollouts)
+        return rollouts
