@@ -21,7 +21,7 @@ from typing_extensions import override
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.buffer import TrajectoryBuffer
-from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule
+from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule, StepChecker
 from exgrpo_pl.logging_steps import writes_step_metrics
 from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.strategies import needs_synced_generation, zero_stage
@@ -99,6 +99,7 @@ class ReplayCallback(Callback):
         # steps, readable on every step (benchmarks/overhead.py sums them).
         self.last_timings: dict[str, float] = {}
         self._rank_writes_own_file = False  # DeepSpeed ZeRO-3: see state_dict()
+        self._contract = StepChecker()  # what the datamodule and training_step hand over, with the fix
 
     # ------------------------------------------------------------------------------ decisions
     def replay_active(self, trainer: Trainer) -> bool:
@@ -131,6 +132,7 @@ class ReplayCallback(Callback):
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._contract.check_batch(batch)
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
         if not self.replay_active(trainer) or not self.replay.should_replay():
             return
@@ -158,7 +160,7 @@ class ReplayCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        rollouts = outputs["rollouts"]
+        rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations)
         fresh = ~rollouts.replayed
         if not self.pass_rate_reached and bool(fresh.any()):
             pass_rate = rollouts.correct[fresh].float().mean()
