@@ -11,16 +11,18 @@ from __future__ import annotations
 import argparse
 
 import torch
+from exgrpo_pl.callbacks import ReplayCallback  # replay
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.mixin import ReplayMixin  # replay
 from exgrpo_pl.models import resolve_model_path
 from exgrpo_pl.rewards import ArithmeticReward
 
 
-class GRPO(LightningModule):
+class GRPO(ReplayMixin, LightningModule):  # replay
     """K sampled completions per prompt, rewards, group-normalised advantages, one clipped update a batch."""
 
     def __init__(self, model: str = "embedded:tiny-arith", num_generations: int = 4, max_new_tokens: int = 6,
@@ -61,20 +63,17 @@ class GRPO(LightningModule):
         return logits[:, prompt_ids.shape[1] - 1 : -1]
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        k = self.num_generations
-        prompts = [p for p in batch["prompt"] for _ in range(k)]
-        answers = [a for a in batch["answer"] for _ in range(k)]
-        prompt_ids, prompt_mask, completion_ids, completion_mask, rewards = self.rollout(
-            prompts, answer=answers
-        )
-        grouped = rewards.view(-1, k)  # [B, K]
-        advantages = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)
+        rollouts = self.replay_groups(batch, self.rollout)  # replay
+        prompt_ids, prompt_mask, completion_ids, completion_mask = rollouts.sequences  # replay
+        rewards, advantages = rollouts.rewards, rollouts.advantages  # replay
         logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
         logps = torch.log_softmax(logits, -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # [N, C]
+        self.record_behaviour(rollouts, logps, logits)  # replay
         ratio = torch.exp(logps - logps.detach())  # one update per batch: 1, with the policy gradient
         adv = advantages.reshape(-1, 1)  # [N, 1]
         eps = self.hparams.epsilon
         per_token = -torch.min(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)  # [N, C]
+        per_token = self.replay_loss(per_token, logps, rollouts)  # replay
         mask = completion_mask.float()
         loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
         optimizer = self.optimizers()
@@ -82,7 +81,7 @@ class GRPO(LightningModule):
         self.manual_backward(loss)
         optimizer.step()
         self.log("reward", rewards.float().mean(), prog_bar=True, batch_size=len(rewards))
-        return loss
+        return {"loss": loss, "rollouts": rollouts}  # replay
 
 
 def main(argv: list[str] | None = None) -> Trainer:
@@ -92,7 +91,8 @@ def main(argv: list[str] | None = None) -> Trainer:
     args = parser.parse_args(argv)
     seed_everything(0)
     trainer = Trainer(max_steps=args.max_steps, accelerator="cpu", limit_val_batches=0, logger=False,
-                      enable_checkpointing=False)  # fmt: skip
+                      enable_checkpointing=False,
+                      callbacks=[ReplayCallback(mode="mix", min_buffer_size=64)])  # replay  # fmt: skip
     data = PromptDataModule(synthetic=ArithmeticTask(num_questions=500), batch_size=args.batch_size)
     trainer.fit(GRPO(), data)
     return trainer
