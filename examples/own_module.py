@@ -1,7 +1,13 @@
-"""A GRPO LightningModule as a user writes it: `model.generate`, group advantages, a clipped token loss.
+"""A GRPO LightningModule as a user writes it, made ready for `ReplayCallback` by the lines marked `# replay`.
 
-Manual optimisation, its own rollouts, rewards, advantages and loss; nothing from exgrpo-pl but the data,
-the reward function and the embedded model's path.
+The module is plain GRPO: manual optimisation, `model.generate`, its own rewards, group advantages and
+clipped token loss. The marked lines make it ExGRPO: `ReplayMixin` gives it the contract's members and
+helpers; `replay_groups` calls the module's own sampler for what the batch needs (every question K times,
+or, when the callback put experience in the batch, the fresh questions K times and each replayed one K-1
+times, or nothing in swap mode) and returns the groups with their advantages; `record_behaviour` keeps the
+first forward's log-probs and entropy for the buffer; `replay_loss` weights the replayed rows' tokens by
+importance weights with policy shaping; the step returns what it trained on. Without the callback it trains
+plain GRPO, as before.
 
     python examples/own_module.py
 """

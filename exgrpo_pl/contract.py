@@ -263,16 +263,16 @@ def check_experience_used(experience: Experience, rollouts: RolloutBatch) -> Non
             "completion tokens, but have replayed=False: keep their replayed=True flag (assemble_groups and "
             "sample_groups do); unflagged, the buffer takes them for fresh evidence and stores them again"
         )
-    if experience.mode == "swap" and generated:
-        raise ContractError(
-            f"a swap step generated {generated} fresh rows: it must train on {where} alone, generating "
-            "nothing (plan_rollouts / sample_groups / ReplayMixin.replay_groups sample nothing in swap mode)"
-        )
     if not len(got):
         raise ContractError(
             f"training_step ignored {where}: its rollouts have no replayed row. Read batch['experience'] "
             "(ReplayMixin.replay_groups, exgrpo_pl.groups.sample_groups or plan_rollouts + assemble_groups "
             f"do) and train on its rows; see {CONTRACT_DOC}"
+        )
+    if experience.mode == "swap" and generated:
+        raise ContractError(
+            f"a swap step generated {generated} fresh rows: it must train on {where} alone, generating "
+            "nothing (plan_rollouts / sample_groups / ReplayMixin.replay_groups sample nothing in swap mode)"
         )
     raise ContractError(
         f"the step's replayed rows (question ids {got.tolist()[:8]}) are not the rows of {where} (question "
@@ -311,10 +311,10 @@ class StepChecker:
         """The step's `RolloutBatch`, after the checks; a `ContractError` names the first problem."""
         rollouts = check_step_output(outputs)
         experience = batch.get("experience")
+        if experience is not None:  # first: a misused experience is the likelier cause of odd fields
+            check_experience_used(experience, rollouts)
         kind = "fresh" if experience is None else experience.mode
         if kind not in self.checked and not outputs.get("skipped", False):
             check_rollouts(rollouts, num_generations)
             self.checked.add(kind)
-        if experience is not None:
-            check_experience_used(experience, rollouts)
         return rollouts

@@ -1,0 +1,236 @@
+"""examples/own_module.py: a user's GRPO module trains ExGRPO with ReplayCallback; each contract mistake
+stops the run with a message that names the fix."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from exgrpo_pl.callbacks import ReplayCallback
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.contract import ContractError
+from exgrpo_pl.data import ArithmeticTask, PromptDataModule, collate_rows
+from exgrpo_pl.losses import compute_importance_weights
+from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.rewards import FormatReward
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_module.py"
+spec = importlib.util.spec_from_file_location("own_module_example", EXAMPLE)
+own_module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(own_module)
+
+
+class Spied(own_module.GRPO):
+    """The example's module on the tiny test model, with a reward that varies, recording what it trained on.
+
+    A random model never solves arithmetic; a format reward varies across its samples, so groups have
+    non-zero advantages and replayed rows have a loss term.
+    """
+
+    def __init__(self, model_dir, **kwargs):
+        super().__init__(model=model_dir, max_new_tokens=4, learning_rate=1e-3, **kwargs)
+        self.reward_fn = FormatReward(r"[0-9].*")
+        self.sampled_rows = []  # rows the module's own sampler was asked for, per call
+        self.replayed_terms = []  # (per-token loss of the replayed rows, what ExGRPO's term is), per step
+
+    def rollout(self, prompts, **columns):
+        self.sampled_rows.append(len(prompts))
+        return super().rollout(prompts, **columns)
+
+    def replay_loss(self, per_token, logps, rollouts):
+        out = super().replay_loss(per_token, logps, rollouts)
+        rows = rollouts.replayed
+        if rows.any():
+            weights = compute_importance_weights(
+                logps[rows], rollouts.behaviour_logps[rows], rollouts.completion_mask[rows]
+            )
+            self.replayed_terms.append((out[rows], -weights * rollouts.advantages[rows].unsqueeze(1)))
+        return out
+
+
+class RecordRollouts(Callback):
+    def __init__(self):
+        self.rollouts = []
+        self.experience = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rollouts.append(outputs["rollouts"])
+        self.experience.append(batch.get("experience"))
+
+
+def replay(mode, **kwargs):
+    return ReplayCallback(
+        mode=mode,
+        min_buffer_size=1,
+        replay=SelectiveReplay(strategy="uniform", replay_probability=1.0),
+        **kwargs,
+    )
+
+
+def fit(tmp_path, module, callbacks, max_steps=3, data=None, ckpt_path=None, **trainer_kwargs):
+    """Fit on `data`: a datamodule (default: 64 arithmetic questions, 4 a batch) or a training DataLoader."""
+    seed_everything(0)
+    trainer = Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        callbacks=callbacks,
+        **{"enable_checkpointing": False, **trainer_kwargs},
+    )
+    data = data or PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
+    if isinstance(data, DataLoader):
+        trainer.fit(module, train_dataloaders=data, ckpt_path=ckpt_path)
+    else:
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_the_replay_lines_are_at_most_ten():
+    marked = [line for line in EXAMPLE.read_text().splitlines() if re.search(r"# replay(\s|$)", line)]
+    assert 0 < len(marked) <= 10
+
+
+@pytest.mark.parametrize("mode", ["mix", "swap"])
+def test_replayed_rows_are_trained_on(tmp_path, tiny_model_dir, mode):
+    module, record, callback = Spied(tiny_model_dir), RecordRollouts(), replay(mode)
+    fit(tmp_path, module, [callback, record])
+    assert callback.replayed_steps == 2  # the first step filled the buffer
+    k = module.num_generations
+    for rollouts, experience in zip(record.rollouts[1:], record.experience[1:], strict=True):
+        stored = experience.rollouts
+        replayed = rollouts.select(rollouts.replayed)
+        # The stored rows themselves, flagged, with the tokens and behaviour log-probs the buffer kept.
+        assert sorted(replayed.question_ids.tolist()) == sorted(stored.question_ids.tolist())
+        assert torch.equal(replayed.behaviour_logps.sum(), stored.behaviour_logps.sum())
+        if mode == "mix":  # 2 of 4 questions replayed: a stored row first in each of the last two groups
+            assert rollouts.group_size == k and rollouts.replayed.view(4, k).sum(1).tolist() == [0, 0, 1, 1]
+            assert rollouts.replayed.view(4, k)[2:, 0].all()
+        else:
+            assert rollouts.replayed.all() and rollouts.group_size == 1
+    # The module sampled K rollouts of 4 questions on step 1; then 2 x K + 2 x (K-1) in mix, nothing in swap.
+    assert module.sampled_rows == ([16, 14, 14] if mode == "mix" else [16])
+    # Replayed rows' loss terms are ExGRPO's -f(w) A, with gradient, not the clipped on-policy ones.
+    assert len(module.replayed_terms) == 2
+    for terms, expected in module.replayed_terms:
+        assert terms.requires_grad and torch.allclose(terms, expected)
+    assert any(bool(expected.abs().sum() > 0) for _, expected in module.replayed_terms)
+
+
+@pytest.mark.slow
+def test_resumes_from_a_checkpoint_with_its_buffer(tmp_path, tiny_model_dir):
+    first = replay("mix")
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    fit(tmp_path, Spied(tiny_model_dir), [first, checkpoint], max_steps=2, enable_checkpointing=True)
+    resumed, record = replay("mix"), RecordRollouts()
+    trainer = fit(
+        tmp_path,
+        Spied(tiny_model_dir),
+        [resumed, record],
+        max_steps=4,
+        ckpt_path=tmp_path / "ckpt" / "last.ckpt",
+    )
+    assert trainer.global_step == 4 and len(record.rollouts) == 2  # steps 3 and 4 only
+    assert resumed.replayed_steps == first.replayed_steps + 2  # counters and buffer came back; both replayed
+    assert all(r.replayed.any() for r in record.rollouts)
+
+
+def test_without_the_callback_it_trains_plain_grpo(tmp_path, tiny_model_dir):
+    module, record = Spied(tiny_model_dir), RecordRollouts()
+    fit(tmp_path, module, [record], max_steps=2)
+    assert all(not r.replayed.any() and r.group_size == 4 for r in record.rollouts)
+    assert module.replayed_terms == []
+
+
+@pytest.mark.slow
+def test_runs_as_a_script_on_the_embedded_policy():
+    threads = torch.get_num_threads()
+    trainer = own_module.main(["--max-steps", "2", "--batch-size", "4"])
+    torch.set_num_threads(threads)
+    assert trainer.global_step == 2
+
+
+# ------------------------------------------------------------------------ the mistakes, one by one
+class ReturnsTheLoss(Spied):
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx)["loss"]
+
+
+class ReturnsLossDict(Spied):
+    def training_step(self, batch, batch_idx):
+        return {"loss": super().training_step(batch, batch_idx)["loss"]}
+
+
+class KeepsIntMasks(Spied):
+    """Builds its RolloutBatch by hand and leaves the tokenizer's 0/1 attention mask in it."""
+
+    def training_step(self, batch, batch_idx):
+        rollouts = super().training_step(batch, batch_idx)["rollouts"]
+        fields = {name: getattr(rollouts, name) for name in RolloutBatch.__dataclass_fields__}
+        return RolloutBatch(**{**fields, "prompt_mask": rollouts.prompt_mask.long()})
+
+
+class IgnoresExperience(Spied):
+    def training_step(self, batch, batch_idx):
+        return super().training_step({k: v for k, v in batch.items() if k != "experience"}, batch_idx)
+
+
+class UnflagsReplayedRows(Spied):
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        out["rollouts"].replayed = torch.zeros_like(out["rollouts"].replayed)
+        return out
+
+
+def prompts_key_loader():
+    """A datamodule-like loader whose batches say `prompts` where the contract says `prompt`."""
+    rows = ArithmeticTask(num_questions=16, seed=1).rows()
+
+    def collate(batch_rows):
+        batch = collate_rows(batch_rows)
+        batch["prompts"] = batch.pop("prompt")
+        return batch
+
+    return DataLoader(rows, batch_size=4, collate_fn=collate)
+
+
+@pytest.mark.parametrize(
+    "module_class, mode, message",
+    [
+        (ReturnsTheLoss, "mix", r'returned only the loss.*return \{"loss": loss, "rollouts": rollouts\}'),
+        (ReturnsLossDict, "mix", r'without \'rollouts\'.*return \{"loss": loss, "rollouts": rollouts\}'),
+        (KeepsIntMasks, "mix", r"prompt_mask is torch.int64; prompt_mask must be bool \(e.g. .*\.bool\(\)\)"),
+        (IgnoresExperience, "mix", r"ignored batch\['experience'\].*ReplayMixin.replay_groups"),
+        (IgnoresExperience, "swap", r"ignored batch\['experience'\].*ReplayMixin.replay_groups"),
+        (UnflagsReplayedRows, "mix", r"have replayed=False: keep their replayed=True flag"),
+        (UnflagsReplayedRows, "swap", r"have replayed=False: keep their replayed=True flag"),
+    ],
+)
+def test_each_mistake_stops_the_run_naming_the_fix(tmp_path, tiny_model_dir, module_class, mode, message):
+    with pytest.raises((ContractError, TypeError), match=message):
+        fit(tmp_path, module_class(tiny_model_dir), [replay(mode)])
+
+
+def test_a_batch_keyed_prompts_names_the_key_and_the_batch_contract(tmp_path, tiny_model_dir):
+    with pytest.raises(ContractError, match=r"no 'prompt' key \(it has \[.*'prompts'.*\]\).*'question_id'"):
+        fit(tmp_path, Spied(tiny_model_dir), [replay("mix")], data=prompts_key_loader())
+
+
+def test_a_module_without_the_contract_members_is_refused_naming_them(tmp_path):
+    class Plain(LightningModule):  # a GRPO module without ReplayMixin (and without num_generations)
+        def training_step(self, batch, batch_idx):
+            return None
+
+        def configure_optimizers(self):
+            return None
+
+    with pytest.raises(TypeError, match=r"num_generations, score_entropy and entropy_forwards"):
+        fit(tmp_path, Plain(), [replay("mix")], data=prompts_key_loader())
