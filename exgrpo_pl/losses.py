@@ -46,9 +46,14 @@ def selective_log_softmax(logits: Tensor, token_ids: Tensor) -> Tensor:
 
 
 def token_entropy(logits: Tensor) -> Tensor:
-    """Entropy of the next-token distribution at every position. `[N, L, V]` -> `[N, L]`."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [N, L, V]
-    return -(logp.exp() * logp).sum(-1)  # [N, L]
+    """Entropy of the next-token distribution at every position. `[N, L, V]` -> `[N, L]`.
+
+    Computed in float32 (float64 for float64 logits).
+    """
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # [N, L, V]
+    if logp.requires_grad:
+        return -(logp.exp() * logp).sum(-1)  # [N, L]
+    return -logp.exp().mul_(logp).sum(-1)  # [N, L] no graph to keep: one float32 copy of the logits fewer
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

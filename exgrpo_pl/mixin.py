@@ -21,18 +21,23 @@ from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.groups import record_behaviour, replayed_token_loss, sample_groups
+from exgrpo_pl.logprobs import DEFAULT_CHUNK_ELEMENTS
 from exgrpo_pl.rollout import num_micro_batches, score_entropy
-
-# Rows per rescoring forward when the module has no `micro_batch_size` hyperparameter.
-DEFAULT_RESCORE_ROWS = 64
 
 
 class ReplayMixin:
     """`score_entropy` and `entropy_forwards` of `exgrpo_pl.contract.ReplayableModule`, from the policy.
 
     Reads, when the module has them: `hparams.temperature` (the sampling temperature, default 1.0),
-    `hparams.micro_batch_size` (rows per rescoring forward, default 64), `tokenizer.pad_token_id` (the
-    token of ZeRO-3's padding forwards, default 0). The module must also have `num_generations` (K).
+    `hparams.micro_batch_size` (rows per training forward, hence per rescoring forward),
+    `hparams.logit_chunk_elements` (logits per float32 chunk of the softmax work, default
+    `exgrpo_pl.logprobs.DEFAULT_CHUNK_ELEMENTS`), `tokenizer.pad_token_id` (the token of ZeRO-3's padding
+    forwards, default 0). The module must also have `num_generations` (K).
+
+    Rescoring runs without gradients, so a forward of as many rows as a training forward needs less memory
+    than it: without `micro_batch_size` (a training forward takes the whole batch, at least K rows) a
+    rescoring forward takes K rows. Memory is then bounded by the training step's, however many stored
+    trajectories are rescored.
     """
 
     def replay_policy(self):
@@ -60,15 +65,19 @@ class ReplayMixin:
             self.replay_policy(),
             rollouts.to(self.device),
             self._replay_setting("temperature", 1.0),
-            self._replay_setting("micro_batch_size", DEFAULT_RESCORE_ROWS),
+            self.rescore_rows(),
             num_forwards=num_forwards,
             pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
+            chunk_elements=self._replay_setting("logit_chunk_elements", DEFAULT_CHUNK_ELEMENTS),
         )
 
     def entropy_forwards(self, rollouts: RolloutBatch) -> int:
         """Policy forwards that `score_entropy(rollouts)` runs: one per micro-batch."""
-        rows = self._replay_setting("micro_batch_size", DEFAULT_RESCORE_ROWS)
-        return num_micro_batches(len(rollouts), rows)
+        return num_micro_batches(len(rollouts), self.rescore_rows())
+
+    def rescore_rows(self) -> int:
+        """Rows per rescoring forward: the training `micro_batch_size`, else K (`num_generations`)."""
+        return self._replay_setting("micro_batch_size", self.num_generations)
 
     # ------------------------------------------------------------- a replay-ready training_step
     def replay_groups(self, batch: dict, rollout_fn: Callable[..., Sequence]) -> RolloutBatch:

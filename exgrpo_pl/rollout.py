@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from exgrpo_pl.losses import masked_mean, selective_log_softmax, token_entropy
+from exgrpo_pl.logprobs import DEFAULT_CHUNK_ELEMENTS, token_logps_and_entropy
+from exgrpo_pl.losses import masked_mean, token_entropy
 
 ENTROPY_METHODS = ("entropy", "confidence_variance")
 
@@ -81,6 +82,25 @@ def sample_completions(
     return completion_ids.masked_fill(~mask, pad_token_id), mask, truncated
 
 
+def policy_logits(
+    model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor
+) -> Tensor:
+    """The model's logits at the last prompt token and every completion token. `[N, C+1, V]`.
+
+    Position t predicts completion token t; the last one predicts past the completion. Only these C+1
+    positions go through the output layer (`logits_to_keep`), in the model's dtype.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P+C]
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [N, P+C]
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        logits_to_keep=completion_ids.shape[1] + 1,
+        use_cache=False,
+    ).logits  # [N, C+1, V]
+
+
 def completion_logits(
     model,
     prompt_ids: Tensor,
@@ -92,18 +112,10 @@ def completion_logits(
     """The logits that predicted each completion token, divided by the sampling temperature. `[N, C, V]`.
 
     Dividing by the temperature, as the sampler did, makes these the logits of the distribution the tokens
-    were drawn from.
+    were drawn from. This is a float32 tensor of the full logits' size (`N x C x V x 4` bytes): to get
+    log-probs and entropies, `completion_logps` never makes it.
     """
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P+C]
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [N, P+C]
-    width = completion_ids.shape[1]
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        logits_to_keep=width + 1,
-        use_cache=False,
-    ).logits  # [N, C+1, V]
+    logits = policy_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)  # [N, C+1, V]
     return logits[:, :-1].float() / max(temperature, 1e-6)  # [N, C, V] position t predicts token t
 
 
@@ -115,16 +127,22 @@ def completion_logps(
     completion_mask: Tensor,
     temperature: float = 1.0,
     with_entropy: bool = True,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs (and entropies) of the completion tokens from one forward pass.
+
+    Beyond the model's own `[N, C+1, V]` logits, memory is bounded by `chunk_elements`: the float32 softmax
+    work runs chunk by chunk (`exgrpo_pl.logprobs.token_logps_and_entropy`), with or without gradients.
 
     Returns:
         log-probs `[N, C]` and token entropies `[N, C]` (None when `with_entropy` is False); both are
         only meaningful where `completion_mask` is True.
     """
-    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature)
-    logps = selective_log_softmax(logits, completion_ids)  # [N, C]
-    return logps, token_entropy(logits) if with_entropy else None
+    logits = policy_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)  # [N, C+1, V]
+    temperature = max(temperature, 1e-6)
+    return token_logps_and_entropy(
+        logits, completion_ids, temperature, with_entropy=with_entropy, chunk_elements=chunk_elements
+    )
 
 
 def compute_entropy(logits: Tensor, mask: Tensor, method: str = "entropy") -> Tensor:
@@ -161,6 +179,7 @@ def score_entropy(
     micro_batch_size: int = 64,
     num_forwards: int | None = None,
     pad_token_id: int = 0,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
 ) -> Tensor:
     """Mean completion-token entropy of stored trajectories under the CURRENT policy. `[N]`.
 
@@ -168,13 +187,18 @@ def score_entropy(
     misaligned padding mask (ExGRPO issue #57); here only real completion tokens count, whatever the padding
     on the prompt side.
 
+    Memory: one micro-batch's forward, its `[micro_batch_size, C+1, V]` logits in the model's dtype, and
+    float32 chunks of `chunk_elements` logits (see `completion_logps`), however many rows are scored.
+
     Args:
         batch: a `RolloutBatch` (or anything with prompt_ids/prompt_mask/completion_ids/completion_mask).
+        micro_batch_size: rows per forward.
         num_forwards: run exactly this many forwards, at least `num_micro_batches(N, micro_batch_size)`;
             the extra ones score a one-token dummy row and are discarded. Under ZeRO-3 every forward
             gathers the sharded parameters from all ranks, so ranks with different numbers of
             trajectories must still run the same number of forwards. None: one per micro-batch.
         pad_token_id: the token of the dummy row.
+        chunk_elements: logits per float32 chunk of the softmax work.
     """
     rows_total = batch.prompt_ids.shape[0]
     needed = num_micro_batches(rows_total, micro_batch_size)
@@ -192,6 +216,7 @@ def score_entropy(
             batch.completion_ids[rows],
             batch.completion_mask[rows],
             temperature,
+            chunk_elements=chunk_elements,
         )
         scores.append(masked_mean(entropy, batch.completion_mask[rows], dim=1))
     if num_forwards is not None and num_forwards > needed:
@@ -201,5 +226,5 @@ def score_entropy(
         dummy = torch.full((1, 1), pad_token_id, dtype=torch.long, device=device)
         empty = dummy[:, :0]
         for _ in range(num_forwards - needed):
-            completion_logits(model, dummy, torch.ones_like(dummy, dtype=torch.bool), empty, empty.bool())
+            policy_logits(model, dummy, torch.ones_like(dummy, dtype=torch.bool), empty, empty.bool())
     return torch.cat(scores) if scores else torch.zeros(0)

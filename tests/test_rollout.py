@@ -5,9 +5,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from exgrpo_pl.losses import masked_mean, selective_log_softmax, token_entropy
 from exgrpo_pl.models import load_policy
 from exgrpo_pl.rollout import (
+    completion_logits,
     completion_logps,
     completion_mask_from_ids,
     compute_entropy,
@@ -129,3 +133,74 @@ def test_sampled_logps_match_a_rescoring_forward_pass(tiny_model_dir):
     # Score again with the row alone, without left padding: same numbers if positions are right.
     alone, _ = completion_logps(model, prompt_ids[:1, 2:], prompt_mask[:1, 2:], ids[:1], mask[:1])
     assert torch.allclose(logps[0][mask[0]], alone[0][mask[0]], atol=1e-5)
+
+
+def padded_batch(seed: int, rows: int, prompt_width: int, completion_width: int, vocab: int):
+    """Random rows; prompts left-padded, completions right-padded, to random lengths (at least 1 token)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_len = torch.randint(1, prompt_width + 1, (rows,), generator=g)
+    completion_len = torch.randint(1, completion_width + 1, (rows,), generator=g)
+    prompt_mask = torch.arange(prompt_width).flip(0) < prompt_len.unsqueeze(1)  # [N, P] left padding
+    completion_mask = torch.arange(completion_width) < completion_len.unsqueeze(1)  # [N, C] right padding
+    prompt_ids = torch.randint(3, vocab, (rows, prompt_width), generator=g).masked_fill(~prompt_mask, 0)
+    completion_ids = torch.randint(3, vocab, (rows, completion_width), generator=g)
+    return SimpleNamespace(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids.masked_fill(~completion_mask, 0),
+        completion_mask=completion_mask,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_model_dir):
+    return load_policy(tiny_model_dir).eval()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**16),
+    rows=st.integers(1, 5),
+    prompt_width=st.integers(1, 4),
+    completion_width=st.integers(1, 6),
+    chunk=st.integers(1, 12),
+    micro_batch_size=st.integers(1, 6),
+    temperature=st.sampled_from([1.0, 0.6]),
+)
+def test_rescoring_is_the_whole_tensor_entropy_whatever_the_chunk_and_padding(
+    tiny_policy, seed, rows, prompt_width, completion_width, chunk, micro_batch_size, temperature
+):
+    vocab = tiny_policy.config.vocab_size
+    batch = padded_batch(seed, rows, prompt_width, completion_width, vocab)
+    with torch.no_grad():
+        logits = completion_logits(
+            tiny_policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
+            temperature,
+        )  # fmt: skip  # [N, C, V] float32: what rescoring computed before it was chunked
+    expected = masked_mean(token_entropy(logits), batch.completion_mask, dim=1)
+    chunked = score_entropy(tiny_policy, batch, temperature, rows, chunk_elements=chunk * vocab)
+    torch.testing.assert_close(chunked, expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(score_entropy(tiny_policy, batch, temperature, rows, chunk_elements=1), chunked)
+    # Another micro-batch runs other matrix shapes through the model: equal to float tolerance.
+    micro = score_entropy(tiny_policy, batch, temperature, micro_batch_size, chunk_elements=chunk * vocab)
+    torch.testing.assert_close(micro, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_training_logps_and_gradients_match_the_whole_tensor_path(tiny_policy):
+    batch = padded_batch(0, 3, 3, 5, tiny_policy.config.vocab_size)
+    args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, 0.8)
+    weights = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(1))
+
+    def gradients(logps, entropy):
+        tiny_policy.zero_grad()
+        ((logps * weights[0]).sum() + (entropy * weights[1]).sum()).backward()
+        return {name: p.grad.clone() for name, p in tiny_policy.named_parameters()}
+
+    logits = completion_logits(tiny_policy, *args)  # [N, C, V] float32, with grad
+    want_logps, want_entropy = selective_log_softmax(logits, batch.completion_ids), token_entropy(logits)
+    want = gradients(want_logps, want_entropy)
+    logps, entropy = completion_logps(tiny_policy, *args, chunk_elements=7)
+    assert torch.equal(logps, want_logps) and torch.equal(entropy, want_entropy)
+    got = gradients(logps, entropy)
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
