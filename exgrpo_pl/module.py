@@ -31,6 +31,7 @@ from exgrpo_pl.logging_steps import step_metrics, writes_step_metrics
 from exgrpo_pl.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
 from exgrpo_pl.mixin import ReplayMixin
 from exgrpo_pl.models import DTYPES, load_policy, load_tokenizer, lora_config
+from exgrpo_pl.resume import restore_rng_states, resumable_fit_progress, rng_states
 from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.seeding import derive_seed
 from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
@@ -301,16 +302,21 @@ class ExGRPOModule(ReplayMixin, LightningModule):
             "generated_tokens": self.generated_tokens,
             "nonfinite_steps": self.nonfinite.skipped,
         }
-        # The sampling RNG, so that a resumed run generates what the uninterrupted run would have.
-        checkpoint["sampling_rng"] = torch.get_rng_state()
+        # The sampling RNG of every rank (CPU and CUDA), so that a resumed run generates what the
+        # uninterrupted run would have.
+        checkpoint["sampling_rng"] = rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         counts = checkpoint.get("token_counts", {})
         self.num_tokens = counts.get("num_tokens", 0)
         self.generated_tokens = counts.get("generated_tokens", 0)
         self.nonfinite.skipped = counts.get("nonfinite_steps", 0)
-        if "sampling_rng" in checkpoint:
-            torch.set_rng_state(checkpoint["sampling_rng"])
+        resumable_fit_progress(checkpoint)  # Lightning restores the loops after this hook
+        states = checkpoint.get("sampling_rng")
+        if isinstance(states, dict):
+            restore_rng_states(states)
+        elif states is not None:  # a checkpoint from before per-rank states: rank 0's CPU state
+            torch.set_rng_state(states)
 
 
 _NUMBERS = {
