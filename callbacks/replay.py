@@ -99,6 +99,7 @@ class ReplayCallback(Callback):
         # steps, readable on every step (benchmarks/overhead.py sums them).
         self.last_timings: dict[str, float] = {}
         self._rank_writes_own_file = False  # DeepSpeed ZeRO-3: see state_dict()
+        self._datamodule = None  # the trainer's, from setup: load_state_dict retires into it
         self._contract = StepChecker()  # what the datamodule and training_step hand over, with the fix
 
     # ------------------------------------------------------------------------------ decisions
@@ -115,11 +116,16 @@ class ReplayCallback(Callback):
                 f"(num_generations, score_entropy and entropy_forwards); {type(pl_module).__name__} does not"
             )
         self._rank_writes_own_file = zero_stage(trainer) == 3
+        self.replay.follow_run_seed()
+        self._datamodule = trainer.datamodule
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Retired questions (solved by every rollout) leave on-policy sampling from this epoch on.
-        exclude = getattr(trainer.datamodule, "exclude_questions", None) if trainer.datamodule else None
+        self._exclude_retired(trainer.datamodule)
+
+    def _exclude_retired(self, datamodule) -> None:
+        """Retired questions (solved by every rollout) leave on-policy sampling from the next pass on."""
+        exclude = getattr(datamodule, "exclude_questions", None) if datamodule else None
         retired = _union_across_ranks(self.buffer.bucketer.retired)
         if exclude is not None:
             exclude(retired)
@@ -242,6 +248,9 @@ class ReplayCallback(Callback):
           for the old world), so a rank reads another's file only where every rank is handed rank 0's:
           DeepSpeed's universal checkpoints, or one file made by Lightning's
           `convert_zero_checkpoint_to_fp32_state_dict`. Every rank then starts from rank 0's state.
+
+        In a trainer (after `setup`), the restored buffers' retired questions are then excluded from the
+        datamodule's training data (every rank takes part: the ids are gathered from all ranks).
         """
         ranks = state_dict["ranks"]
         first = state_dict.get("rank", 0)
@@ -260,6 +269,10 @@ class ReplayCallback(Callback):
         self.pass_rate_reached = own["pass_rate_reached"]
         self.fallback_steps = own["fallback_steps"]
         self.replayed_steps = own["replayed_steps"]
+        if self._datamodule is not None:
+            # At once, not at the next epoch start: resuming from an epoch's end, the next pass is drawn
+            # before any hook runs, and Lightning may skip that epoch's on_train_epoch_start.
+            self._exclude_retired(self._datamodule)
 
 
 class _Rescoring:
