@@ -13,6 +13,7 @@ import torch
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.buffer import EntropyFn, TrajectoryBuffer, resolve_strategy
 from exgrpo_pl.difficulty import check_rate_range
+from exgrpo_pl.seeding import derive_seed, split_seed
 
 # The trajectory selections for which `TrajectoryBuffer.sample` calls `entropy_fn` (the others rank by the
 # entropy stored at collection, or not at all).
@@ -24,6 +25,9 @@ class SelectiveReplay:
 
     Decisions and samples come from two generators seeded from `seed`: the decision stream must stay in
     lockstep across ranks, while how much randomness a sample consumes depends on each rank's own buffer.
+    With `seed=None` the seed is derived from the run seed (`derive_seed("replay")`, the same on every rank
+    that `seed_everything` seeded), at construction and again by `follow_run_seed()`, which
+    `ReplayCallback` calls when training is set up, so a `seed_everything` after construction counts.
 
     Args:
         strategy: "entropy_guided" (the seed's name, = "medium_difficulty_low_entropy") or any name in
@@ -36,7 +40,8 @@ class SelectiveReplay:
         trajectory_selection: overrides the strategy's trajectory selection (ablations).
         adaptive_range: centre the medium range on the median rate of the questions in play, see
             `DifficultyBucketer.medium_range`.
-        seed: seed of the decision and sampling generators; the same on every rank.
+        seed: seed of the decision and sampling generators, the same on every rank; None: derived from the
+            run seed.
     """
 
     def __init__(
@@ -49,7 +54,7 @@ class SelectiveReplay:
         question_sampling: str | None = None,
         trajectory_selection: str | None = None,
         adaptive_range: bool = False,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         self.question_sampling, self.trajectory_selection = resolve_strategy(
             strategy, question_sampling, trajectory_selection
@@ -64,13 +69,24 @@ class SelectiveReplay:
         self.entropy_percentile = entropy_percentile
         self.gaussian_sigma = float(gaussian_sigma)
         self.adaptive_range = bool(adaptive_range)
-        self.seed = int(seed)
-        self._decisions = torch.Generator().manual_seed(self.seed)
+        self.follows_run_seed = seed is None
+        self._seed(derive_seed("replay") if seed is None else int(seed))
+
+    def _seed(self, seed: int) -> None:
+        self.seed = seed
+        self._drawn = False
+        self._decisions = torch.Generator().manual_seed(split_seed(seed, 0))
         # A different stream, so that sampling never shifts the decision stream.
-        self._samples = torch.Generator().manual_seed(self.seed + 1)
+        self._samples = torch.Generator().manual_seed(split_seed(seed, 1))
+
+    def follow_run_seed(self) -> None:
+        """Reseeds from the current run seed when built with `seed=None` and nothing was drawn yet."""
+        if self.follows_run_seed and not self._drawn:
+            self._seed(derive_seed("replay"))
 
     def should_replay(self) -> bool:
         """One coin flip with probability `replay_probability`, from the decision generator."""
+        self._drawn = True
         return bool(torch.rand((), generator=self._decisions) < self.replay_probability)
 
     @property
@@ -87,6 +103,7 @@ class SelectiveReplay:
         self, buffer: TrajectoryBuffer, size: int, entropy_fn: EntropyFn | None = None
     ) -> RolloutBatch:
         """Up to `size` trajectories from `buffer` with this strategy, see `TrajectoryBuffer.sample`."""
+        self._drawn = True
         return buffer.sample(
             self.strategy,
             size=size,
@@ -107,5 +124,6 @@ class SelectiveReplay:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        self._drawn = True  # a restored stream goes on; the run seed no longer picks it
         self._decisions.set_state(state["decision_generator"])
         self._samples.set_state(state["sample_generator"])
