@@ -1,10 +1,11 @@
-"""pad_sequences: exact small cases and agreement with a row-by-row reference."""
+"""RolloutBatch dtype checks, sequences and cat; pad_sequences: exact cases and a row-by-row reference."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo_pl.batch import pad_sequences
+from exgrpo_pl.batch import RolloutBatch, pad_sequences
 
 
 def test_left_and_right_padding_exact():
@@ -32,3 +33,58 @@ def test_matches_row_by_row_reference(values, left):
         )
         assert row == expected
         assert m == ([False] * len(pad) + [True] * len(v) if left else [True] * len(v) + [False] * len(pad))
+
+
+def rollout_batch(n=2, **overrides):
+    fields = dict(
+        question_ids=torch.arange(n),
+        prompt_ids=torch.ones(n, 2, dtype=torch.long),
+        prompt_mask=torch.ones(n, 2, dtype=torch.bool),
+        completion_ids=torch.ones(n, 3, dtype=torch.long),
+        completion_mask=torch.ones(n, 3, dtype=torch.bool),
+        behaviour_logps=torch.zeros(n, 3),
+        rewards=torch.zeros(n),
+        correct=torch.zeros(n, dtype=torch.bool),
+        entropy=torch.zeros(n),
+        advantages=torch.zeros(n),
+        policy_version=torch.zeros(n, dtype=torch.long),
+        replayed=torch.zeros(n, dtype=torch.bool),
+    )
+    return RolloutBatch(**{**fields, **overrides})
+
+
+@pytest.mark.parametrize(
+    "name, example",
+    [
+        ("prompt_mask", r"a tokenizer's attention_mask.bool\(\)"),
+        ("completion_mask", r"completion_mask.bool\(\)"),
+        ("correct", "rewards > 0.5"),
+        ("replayed", "torch.zeros"),
+    ],
+)
+def test_integer_masks_and_flags_are_rejected_saying_they_must_be_bool(name, example):
+    good = rollout_batch()
+    with pytest.raises(
+        TypeError, match=rf"RolloutBatch.{name} is torch.int64; {name} must be bool \(e.g. {example}"
+    ):
+        rollout_batch(**{name: getattr(good, name).long()})
+
+
+def test_sequences_are_what_a_forward_reads():
+    batch = rollout_batch()
+    assert batch.sequences == (
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.completion_ids,
+        batch.completion_mask,
+    )
+
+
+def test_cat_keeps_one_text_per_row_when_a_part_has_none():
+    with_texts = rollout_batch(prompts=["a", "b"], completions=["x", "y"], answers=["1", "2"])
+    without = rollout_batch(n=1)
+    out = RolloutBatch.cat([without, with_texts])
+    assert (
+        out.prompts == ["", "a", "b"] and out.completions == ["", "x", "y"] and out.answers == ["", "1", "2"]
+    )
+    assert RolloutBatch.cat([without, without]).prompts == []  # no texts anywhere: still none

@@ -1,14 +1,24 @@
-"""plan_rollouts / assemble_groups / replay_advantages: what a step samples and the groups it trains on."""
+"""plan_rollouts / assemble_groups / replay_advantages, and the blocks a module of your own uses with them."""
+
+import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.contract import Experience
-from exgrpo_pl.groups import assemble_groups, plan_rollouts, replay_advantages
-from exgrpo_pl.losses import group_advantages
+from exgrpo_pl.groups import (
+    assemble_groups,
+    fresh_rollouts,
+    plan_rollouts,
+    record_behaviour,
+    replay_advantages,
+    replayed_token_loss,
+    sample_groups,
+)
+from exgrpo_pl.losses import LossNormaliser, compute_grpo_loss, compute_importance_weights, group_advantages
 
 
 def rows(question_ids, rewards, replayed=False, prompts=None, answers=None, domains=None):
@@ -126,3 +136,122 @@ def test_fresh_rollouts_that_do_not_follow_the_plan_are_errors_that_say_what_to_
 def test_a_batch_without_the_needed_keys_names_them():
     with pytest.raises(ValueError, match="training batch has no 'prompt' key .*'prompts'"):
         plan_rollouts({"prompts": ["x"], "question_id": torch.tensor([0])}, 2)
+
+
+# ------------------------------------------------------------------ building blocks for your own module
+class Sampler:
+    """A module's own sampler: one-token prompts, two-token completions, int masks as a tokenizer gives them,
+    reward 1.0 for even rows; records what it was asked for."""
+
+    def __init__(self, completions=False):
+        self.calls = []
+        self.completions = completions
+
+    def __call__(self, prompts, **columns):
+        self.calls.append((list(prompts), columns))
+        n = len(prompts)
+        out = (
+            torch.full((n, 1), 4), torch.ones(n, 1, dtype=torch.long),
+            torch.arange(2 * n).view(n, 2), torch.tensor([[1, 0]] * n), [float(i % 2 == 0) for i in range(n)],
+        )  # fmt: skip
+        return (*out, [f"c{i}" for i in range(n)]) if self.completions else out
+
+
+def test_sample_groups_samples_what_the_plan_says_and_returns_the_groups():
+    sampler = Sampler(completions=True)
+    out = sample_groups(batch(), 3, sampler, policy_version=7)
+    ((prompts, columns),) = sampler.calls
+    assert prompts == ["p0"] * 3 + ["p1"] * 3 + ["p2"] * 3 + ["p3"] * 3
+    assert columns["answer"][:4] == ["a0", "a0", "a0", "a1"] and set(columns) == {
+        "answer",
+        "domain",
+        "source",
+    }
+    assert out.group_size == 3 and out.question_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert out.prompt_mask.dtype == out.completion_mask.dtype == torch.bool  # the sampler's int masks
+    assert out.completion_mask[:, 1].sum() == 0 and out.completions[:2] == ["c0", "c1"]
+    assert out.policy_version.tolist() == [7] * 12 and out.answers[3] == "a1" and out.domains[0] == "d0"
+    assert torch.allclose(out.advantages, group_advantages(out.rewards, 3, "group"))
+    assert out.correct.tolist() == [r > 0.5 for r in out.rewards.tolist()]
+
+
+def test_sample_groups_in_mix_and_swap_mode():
+    stored = rows([7, 9], [1, 0], replayed=True)
+    sampler = Sampler()
+    out = sample_groups(batch(Experience("mix", stored)), 3, sampler)
+    ((prompts, columns),) = sampler.calls
+    assert prompts == ["p0"] * 3 + ["p1"] * 3 + ["p7"] * 2 + ["p9"] * 2  # K-1 for a replayed question
+    assert columns["answer"][-4:] == ["a7", "a7", "a9", "a9"]  # the stored answers
+    assert out.replayed.tolist() == [False] * 6 + [True, False, False] * 2
+    assert out.completions == [""] * 6 + ["0", "", "", "1", "", ""]  # the sampler gave none: "" for its rows
+    swap = Sampler()
+    out = sample_groups(batch(Experience("swap", stored)), 3, swap)
+    assert swap.calls == [] and out.replayed.all() and out.group_size == 1
+
+
+def test_a_sampler_that_returns_the_wrong_things_is_told_what_to_return():
+    with pytest.raises(
+        TypeError, match=r"rollout_fn returned 2 values; it must return \(prompt_ids, prompt_mask"
+    ):
+        sample_groups(batch(), 2, lambda prompts, **columns: (None, None))
+    with pytest.raises(TypeError, match="rollout_fn returned dict"):
+        sample_groups(batch(), 2, lambda prompts, **columns: {})
+    plan = plan_rollouts(batch(), 2)
+    ids, mask = torch.ones(8, 1, dtype=torch.long), torch.ones(8, 1, dtype=torch.bool)
+    with pytest.raises(
+        ValueError, match=r"rewards has shape \[7\]; the plan samples 8 rollouts .* must be \[8\]"
+    ):
+        fresh_rollouts(plan, ids, mask, ids, mask, torch.zeros(7))
+    with pytest.raises(ValueError, match=r"completion_mask has shape \[8, 2\].* \[8, width\] like its ids"):
+        fresh_rollouts(plan, ids, mask, ids, torch.ones(8, 2), torch.zeros(8))
+
+
+def test_record_behaviour_fills_fresh_rows_from_the_first_forward_and_keeps_replayed_ones():
+    out = rows([0, 0, 1], [1, 0, 1], replayed=False)
+    out.replayed = torch.tensor([False, False, True])
+    out.completion_ids = torch.tensor([[1, 2], [1, 0], [2, 2]])
+    out.completion_mask = torch.tensor([[True, True], [True, False], [True, True]])
+    out.behaviour_logps = torch.full((3, 2), -0.5)
+    logps = torch.tensor([[-1.0, -2.0], [-3.0, -4.0], [-5.0, -6.0]], requires_grad=True)
+    logits = torch.zeros(3, 2, 4)  # uniform over 4 tokens: entropy log 4 everywhere
+    logits[1, 0] = torch.tensor([0.0, 100.0, 0.0, 0.0])  # sure: entropy ~0 on row 1's only real token
+    record_behaviour(out, logps, logits)
+    assert out.behaviour_logps.tolist() == [[-1.0, -2.0], [-3.0, 0.0], [-0.5, -0.5]]  # padding 0, stored kept
+    assert not out.behaviour_logps.requires_grad
+    assert torch.allclose(out.entropy, torch.tensor([math.log(4), 0.0, 0.0]), atol=1e-6)  # row 2: stored 0
+    with pytest.raises(ValueError, match=r"logps \[3, 1\] and logits \[3, 2, 4\] must be \[N, C\]"):
+        record_behaviour(out, logps[:, :1], logits)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), st.floats(-2, 2)), min_size=1, max_size=6),
+    st.sampled_from(["shaping", "truncate", "none"]),
+    st.integers(0, 2**16),
+)
+def test_replayed_token_loss_on_a_clipped_surrogate_is_compute_grpo_loss(rows_spec, correction, seed):
+    """A module's own clipped loss with `replayed_token_loss` is ExGRPO's loss: same value, same gradient."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(rows_spec)
+    replayed = torch.tensor([r for r, _ in rows_spec])
+    advantages = torch.tensor([a for _, a in rows_spec])
+    mask = torch.rand(n, 3, generator=g) > 0.3
+    out = rows(list(range(n)), [0.0] * n)
+    out.replayed, out.advantages, out.completion_mask = replayed, advantages, mask
+    out.behaviour_logps = -torch.rand(n, 3, generator=g) * 2
+    mine = (-torch.rand(n, 3, generator=g) * 2).requires_grad_()
+    ratio = torch.exp(mine - mine.detach())
+    adv = advantages.unsqueeze(1)
+    per_token = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+    per_token = replayed_token_loss(per_token, mine, out, correction)
+    loss = (per_token * mask).sum() / max(int(mask.sum()), 1)
+    (grad,) = torch.autograd.grad(loss, mine)
+
+    theirs = mine.detach().clone().requires_grad_()
+    weights = compute_importance_weights(theirs, out.behaviour_logps, mask, correction)
+    expected, _ = compute_grpo_loss(
+        theirs, theirs.detach(), advantages, mask, LossNormaliser(n, int(mask.sum()), 3), loss_type="dapo",
+        importance_weights=weights, replayed=replayed,
+    )  # fmt: skip
+    (expected_grad,) = torch.autograd.grad(expected, theirs)
+    assert torch.allclose(loss, expected, atol=1e-6) and torch.allclose(grad, expected_grad, atol=1e-6)
