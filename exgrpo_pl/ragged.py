@@ -254,10 +254,13 @@ def row_hashes(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         `[n]` uint64 hashes.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    starts = np.cumsum(lengths) - lengths
-    position = np.arange(len(values)) - np.repeat(starts, lengths)  # index of each element in its row
     multiplier = _mix64(np.arange(1, int(lengths.max(initial=0)) + 1, dtype=np.uint64)) | np.uint64(1)
-    terms = (values.astype(np.uint64) + np.uint64(1)) * multiplier[position]
-    prefix = np.concatenate([np.zeros(1, dtype=np.uint64), np.cumsum(terms, dtype=np.uint64)])
-    sums = prefix[starts + lengths] - prefix[starts]  # wraps modulo 2^64, as the sum does
+    # Each row's multipliers are a prefix of `multiplier`: one slice per row, no per-element index.
+    parts = [multiplier[:n] for n in lengths.tolist()]
+    terms = np.add(values, 1, dtype=np.uint64, casting="unsafe")  # [sum(lengths)]
+    terms *= np.concatenate(parts) if parts else multiplier[:0]
+    sums = np.zeros(len(lengths), dtype=np.uint64)
+    filled = lengths > 0
+    # reduceat wraps modulo 2^64 like the sum (a uint64 cumsum was 8x slower); empty rows would break it.
+    sums[filled] = np.add.reduceat(terms, (np.cumsum(lengths) - lengths)[filled]) if filled.any() else 0
     return _mix64(sums + lengths.astype(np.uint64))
