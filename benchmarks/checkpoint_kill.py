@@ -116,7 +116,7 @@ def run(job: dict, kill_at: int | None = None, rng: random.Random | None = None,
     process = multiprocessing.get_context("fork").Process(target=_train, args=(job, write), daemon=True)
     process.start()
     os.close(write)
-    result, began, durations, pending = {"killed_mid_write": None}, 0, [], b""
+    result, began, done, durations, pending = {"killed_mid_write": None}, 0, 0, [], b""
     deadline = time.monotonic() + timeout
     while select.select([read], [], [], max(0.0, deadline - time.monotonic()))[0]:
         chunk = os.read(read, 65536)
@@ -131,11 +131,9 @@ def run(job: dict, kill_at: int | None = None, rng: random.Random | None = None,
                 if began == kill_at:
                     time.sleep(rng.uniform(0, 1.5 * sum(durations) / len(durations)))
                     os.kill(process.pid, signal.SIGKILL)
-                    result["killed_mid_write"] = True  # unless its DONE line was already on its way
             elif event == "DONE":
+                done += 1
                 durations.append(time.monotonic() - start)
-                if began == kill_at:
-                    result["killed_mid_write"] = False
     os.close(read)
     process.join(max(1.0, deadline - time.monotonic()))  # the pipe closes a moment before the process ends
     if process.is_alive():
@@ -144,6 +142,8 @@ def run(job: dict, kill_at: int | None = None, rng: random.Random | None = None,
         raise TimeoutError(f"run {job} did not finish in {timeout} s; see {job['root']}/runs.log")
     process.join()
     result["exitcode"] = process.exitcode
+    if kill_at is not None:  # the dead run's last line is a BEGIN: the kill cut that write short
+        result["killed_mid_write"] = began > done
     return result
 
 
