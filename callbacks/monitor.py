@@ -23,12 +23,21 @@ from exgrpo_pl.callbacks.replay import ReplayCallback
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import image as image_summary
 from typing_extensions import override
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.difficulty import tier_of
 
+_HEATMAP_TAG = "monitor/difficulty_entropy_heatmap"
 _ENTROPY_BINS = 10  # rows of the difficulty x entropy heatmap
+_CELL = (24, 40)  # heatmap pixels per (entropy bin, tier) cell
+_BAR = (8, 12)  # pixels of the white gap and of the colour bar right of the heatmap
+# Viridis (matplotlib's values at 0, 1/4, 1/2, 3/4, 1), interpolated linearly in between: dark is few.
+_COLORMAP = np.array(
+    [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=np.float64
+)
 _MAX_CELL_CHARS = 300  # completion-table cells are cut to this many characters
 
 
@@ -48,7 +57,10 @@ class DifficultyMonitor(Callback):
       `monitor/replay_fraction` (share of the latest step's rows that came from the buffer).
 
     At the end of each training epoch it logs `monitor/difficulty_entropy_heatmap`, an image of the buffered
-    trajectories counted by their question's tier (x) and their entropy (y). Every
+    trajectories counted by their question's tier (x, hardest left) and their entropy (y, lowest at the
+    bottom), brighter for more, with a colour bar on the right (the image's description in TensorBoard says
+    so), and a text of the same name with that epoch's entropy range and largest count. It needs nothing
+    beyond numpy. Every
     `completion_table_every_n_steps` steps it logs `monitor/completions`, a Markdown table of
     `completion_samples` random rows of global rank 0's latest rollouts.
 
@@ -147,13 +159,17 @@ class DifficultyMonitor(Callback):
         known = ~np.isnan(rates)  # trajectories of questions the bucketer no longer knows have no tier
         if not known.any():
             return
-        image = self._heatmap(rates[known], entropy[known])
-        if image is None:
-            return
+        image, scale = self._heatmap(rates[known], entropy[known])
+        description = (
+            f"Replay buffer. x: question correctness rate in {self.num_tiers} equal-width tiers, 0 (left, "
+            f"hardest) to 1 (right). y: trajectory mean token entropy in {_ENTROPY_BINS} equal bins from the "
+            "epoch's lowest (bottom) to its highest (top). Colour: trajectories per cell, 0 (dark) to the "
+            "epoch's largest count (bright), as the bar on the right. The text of the same name gives the "
+            "numbers."
+        )
         for writer in _tensorboard_writers(trainer):
-            writer.add_image(
-                "monitor/difficulty_entropy_heatmap", image, trainer.global_step, dataformats="HWC"
-            )
+            _add_image(writer, _HEATMAP_TAG, image, trainer.global_step, description)
+            writer.add_text(_HEATMAP_TAG, scale, trainer.global_step)
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -213,16 +229,8 @@ class DifficultyMonitor(Callback):
                 for name, values in sorted(by_domain.items()):
                     _histogram(writer, f"monitor/correctness_rate/{name}", np.concatenate(values), step)
 
-    def _heatmap(self, rates: np.ndarray, entropy: np.ndarray) -> np.ndarray | None:
-        """`[H, W, 3]` uint8 picture of trajectory counts per (tier, entropy bin); None without matplotlib."""
-        try:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
-        except ImportError:
-            self._warn_once(
-                "no_matplotlib", "DifficultyMonitor: the heatmap needs matplotlib (pip install it)"
-            )
-            return None
+    def _heatmap(self, rates: np.ndarray, entropy: np.ndarray) -> tuple[np.ndarray, str]:
+        """`[H, W, 3]` uint8 picture of trajectory counts per (tier, entropy bin), and its scale in words."""
         tiers = tier_of(torch.from_numpy(rates), self.num_tiers).numpy()
         low, high = float(entropy.min()), float(entropy.max())
         if high <= low:  # one value: give the single bin some height
@@ -231,20 +239,11 @@ class DifficultyMonitor(Callback):
         bins = np.clip(np.searchsorted(edges, entropy, side="right") - 1, 0, _ENTROPY_BINS - 1)
         counts = np.zeros((_ENTROPY_BINS, self.num_tiers), dtype=np.int64)  # [entropy bin, tier]
         np.add.at(counts, (bins, tiers), 1)
-
-        # A bare Figure with an Agg canvas: no pyplot state, no backend switch, safe off the main thread.
-        figure = Figure(figsize=(6, 4.5), dpi=100)
-        canvas = FigureCanvasAgg(figure)
-        axes = figure.add_subplot()
-        shown = axes.imshow(counts, origin="lower", aspect="auto", cmap="viridis", extent=(0, 1, low, high))
-        figure.colorbar(shown, ax=axes, label="stored trajectories")
-        axes.set_xticks(np.linspace(0, 1, self.num_tiers + 1))
-        axes.set_xlabel(f"question correctness rate ({self.num_tiers} tiers)")
-        axes.set_ylabel("trajectory mean token entropy")
-        axes.set_title(f"replay buffer: difficulty x entropy ({int(counts.sum())} trajectories)")
-        figure.tight_layout()
-        canvas.draw()
-        return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+        scale = (
+            f"{int(counts.sum())} trajectories; entropy {low:.4g} (bottom) to {high:.4g} (top); the "
+            f"brightest cell holds {int(counts.max())}"
+        )
+        return heatmap_image(counts), scale
 
     # ----------------------------------------------------------------------------------- completions
     def _log_completions(self, trainer: Trainer, rollouts: RolloutBatch, step: int) -> None:
@@ -270,6 +269,45 @@ class DifficultyMonitor(Callback):
         if key not in self._warned:
             self._warned.add(key)
             rank_zero_warn(message)
+
+
+def heatmap_image(counts: np.ndarray) -> np.ndarray:
+    """`[H, W, 3]` uint8 picture of `counts` `[rows, columns]`: row 0 at the bottom, brighter for more.
+
+    Each cell is a block of `_CELL` pixels coloured by `counts / counts.max()` through `_COLORMAP`, with a
+    one-pixel white line between columns; a colour bar (0 at the bottom, the largest count at the top)
+    stands on the right. Plain numpy, so the dashboard needs no plotting library.
+    """
+    rows = counts.shape[0]
+    cells = _colour(counts[::-1] / max(int(counts.max()), 1))  # [rows, columns, 3], top row first
+    image = np.repeat(np.repeat(cells, _CELL[0], axis=0), _CELL[1], axis=1)  # [H, columns * w, 3]
+    image[:, _CELL[1] :: _CELL[1]] = 255  # column separators
+    height = rows * _CELL[0]
+    gap = np.full((height, _BAR[0], 3), 255.0)
+    bar = np.repeat(_colour(np.linspace(1.0, 0.0, height))[:, None], _BAR[1], axis=1)  # [H, w, 3]
+    return np.concatenate([image, gap, bar], axis=1).round().astype(np.uint8)
+
+
+def _colour(values: np.ndarray) -> np.ndarray:
+    """`[..., 3]` RGB of `values` in [0, 1] through `_COLORMAP`."""
+    position = values * (len(_COLORMAP) - 1)
+    low = np.clip(np.floor(position).astype(np.int64), 0, len(_COLORMAP) - 2)
+    frac = (position - low)[..., None]
+    return _COLORMAP[low] * (1 - frac) + _COLORMAP[low + 1] * frac
+
+
+def _add_image(writer: Any, tag: str, image: np.ndarray, step: int, description: str) -> None:
+    """`writer.add_image`, with `description` in the image's metadata when the writer is torch's.
+
+    TensorBoard keeps a tag's first metadata, so the description must hold for every step. Another writer
+    (tensorboardX) takes its own protos, and gets the image alone.
+    """
+    if not isinstance(writer, SummaryWriter):
+        writer.add_image(tag, image, step, dataformats="HWC")
+        return
+    summary = image_summary(tag, image, dataformats="HWC")
+    summary.value[0].metadata.summary_description = description
+    writer._get_file_writer().add_summary(summary, step)  # what add_image does, plus the description
 
 
 def _tensorboard_writers(trainer: Trainer) -> list[Any]:

@@ -1,13 +1,18 @@
 """DifficultyMonitor in real Trainer runs on a tiny model: TensorBoard output, CSV fallback, DDP."""
 
 import csv
+import io
 import json
+import sys
 
+import numpy as np
 import pytest
 from conftest import tiny_module
 from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
+from exgrpo_pl.callbacks.monitor import heatmap_image
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
@@ -145,3 +150,46 @@ def test_ddp_pools_all_ranks_and_only_rank_zero_writes(tmp_path, tiny_model_dir)
 def test_bad_settings_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DifficultyMonitor(**kwargs)
+
+
+def test_heatmap_image_exact_colours_and_layout():
+    counts = np.array([[0, 2], [1, 0]])  # [entropy bin, tier]: bin 0 drawn at the bottom
+    image = heatmap_image(counts)
+    cell_h, cell_w = 24, 40
+    assert image.dtype == np.uint8 and image.shape == (2 * cell_h, 2 * cell_w + 8 + 12, 3)
+    pixel = lambda row, column: image[row * cell_h + 5, column * cell_w + 5].tolist()  # noqa: E731
+    assert pixel(1, 0) == [68, 1, 84]  # bottom left: bin 0, tier 0, count 0: darkest
+    assert pixel(1, 1) == [253, 231, 37]  # bottom right: count 2, the largest: brightest
+    assert pixel(0, 0) == [33, 145, 140]  # top left: count 1 of 2, the middle of the colour map
+    assert image[:, cell_w].tolist() == [[255, 255, 255]] * (2 * cell_h)  # the line between the two tiers
+    bar = image[:, -1]
+    assert bar[0].tolist() == [253, 231, 37] and bar[-1].tolist() == [68, 1, 84]  # largest on top
+    assert heatmap_image(np.zeros((3, 4), dtype=np.int64)).shape == (3 * cell_h, 4 * cell_w + 20, 3)
+
+
+def test_heatmap_is_drawn_without_matplotlib_with_its_axes_described(
+    tmp_path, tiny_model_dir, monkeypatch, recwarn
+):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` raises ImportError
+    trainer = fit(tmp_path, tiny_model_dir, TensorBoardLogger(tmp_path, name="tb"))
+    assert not any("matplotlib" in str(w.message) for w in recwarn)
+    events = read_events(trainer.logger.log_dir)
+    (first, last) = events.Images("monitor/difficulty_entropy_heatmap")
+    # The last image is the final buffer's, pixel for pixel.
+    replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
+    monitor = next(c for c in trainer.callbacks if isinstance(c, DifficultyMonitor))
+    buffer = replay.buffer
+    rates, entropy = buffer.rates().numpy().astype(np.float64), buffer.entropies().numpy().astype(np.float64)
+    known = ~np.isnan(rates)
+    expected, scale = monitor._heatmap(rates[known], entropy[known])
+    shown = np.asarray(Image.open(io.BytesIO(last.encoded_image_string)).convert("RGB"))
+    assert last.step == trainer.global_step and np.array_equal(shown, expected)
+    description = events.SummaryMetadata("monitor/difficulty_entropy_heatmap").summary_description
+    assert "x: question correctness rate in 5 equal-width tiers" in description
+    assert (
+        "y: trajectory mean token entropy" in description and "Colour: trajectories per cell" in description
+    )
+    texts = events.Tensors("monitor/difficulty_entropy_heatmap/text_summary")
+    assert [t.step for t in texts] == [first.step, last.step]
+    assert texts[-1].tensor_proto.string_val[0].decode() == scale
+    assert scale.startswith(f"{int(known.sum())} trajectories; entropy ")
