@@ -233,9 +233,9 @@ class StopAt(Callback):
 
 
 STOPS = [
-    ({"max_steps": 5}, 5),
-    ({"max_epochs": 2, "limit_train_batches": 2}, 4),
-    ({"callbacks": [StopAt(3)]}, 3),
+    ({"max_steps": 3}, 3),  # an epoch is 14 steps
+    ({"max_epochs": 2, "limit_train_batches": 1}, 2),
+    ({"callbacks": [StopAt(2)]}, 2),
 ]
 
 
@@ -255,7 +255,7 @@ def test_the_run_saves_when_it_ends_whatever_stopped_it(tmp_path, tiny_model_dir
 
 
 def test_lightning_alone_saves_nothing_in_that_case(tmp_path, tiny_model_dir):
-    fit(tmp_path, tiny_model_dir, [ModelCheckpoint(tmp_path / "ckpts", every_n_train_steps=100)], max_steps=5)
+    fit(tmp_path, tiny_model_dir, [ModelCheckpoint(tmp_path / "ckpts", every_n_train_steps=100)], max_steps=3)
     assert not (tmp_path / "ckpts").exists()
 
 
