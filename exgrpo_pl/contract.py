@@ -227,10 +227,10 @@ def check_rollouts(rollouts: RolloutBatch, num_generations: int, scored: bool = 
             "one question must be contiguous, a replayed question's stored row first (assemble_groups does "
             "this)"
         )
-    real = rollouts.completion_mask & fresh.unsqueeze(1)  # [N, C]
-    if scored and bool(real.any()):
-        no_logps = not bool(rollouts.behaviour_logps[real].any())
-        if no_logps and not bool(rollouts.entropy[fresh].any()):
+    # Entropy first: `[N]`, and nonzero after any real forward, so the `[N, C]` test rarely runs.
+    if scored and not bool(rollouts.entropy[fresh].any()):
+        real = rollouts.completion_mask & fresh.unsqueeze(1)  # [N, C]
+        if bool(real.any()) and not bool((rollouts.behaviour_logps.ne(0) & real).any()):
             raise ContractError(
                 "the fresh rows' behaviour_logps and entropy are all 0: fill them from the step's first "
                 "forward, before the update (ReplayMixin.record_behaviour or "
