@@ -1,34 +1,36 @@
 """PromptDataModule: prompt/answer batches for GRPO, from files or the synthetic arithmetic task.
 
 Questions can be retired (ExGRPO stops sampling questions every rollout already solves):
-`exclude_questions(ids)` drops them from every training epoch whose data iteration starts afterwards, and
-the excluded ids travel in the datamodule's `state_dict`, so a resumed run keeps them retired. Lightning
-starts iterating epoch e >= 1 after `on_train_epoch_start`, so ids excluded in that hook already leave
-epoch e; epoch 0's iterator is made before the hook.
+`exclude_questions(ids)` drops them from every training pass (epoch) that begins afterwards, and the
+excluded ids travel in the datamodule's `state_dict`, so a resumed run keeps them retired. Lightning begins
+the pass of epoch e >= 1 after `on_train_epoch_start`, so ids excluded in that hook already leave epoch e.
 
-Under DDP, Lightning wraps the training sampler in a `DistributedSamplerWrapper`. That wrapper fixes its
-per-rank length when it is built and, each epoch, lists this sampler afresh and pads the (now shorter) list
-with repeats of its first entries up to that length. So retired questions never reappear, every rank runs
-the same number of steps (no collective waits on a rank that ran out), and the freed slots are filled by
-seeing some remaining questions twice. Call `exclude_questions` with the same ids on every rank; otherwise
-the ranks' shards overlap.
+The training sampler shards each pass across ranks itself (Lightning leaves it unwrapped): every rank runs
+the same number of steps (no collective waits on a rank that ran out), retired questions never reappear,
+and their freed slots are filled by seeing some remaining questions twice. Call `exclude_questions` with
+the same ids on every rank; otherwise the ranks' shards overlap. On a single device the epoch simply gets
+shorter; the progress bar keeps the length it measured at the start of training.
 
-On a single device the epoch simply gets shorter; the progress bar keeps the length it measured at the
-start of training.
+Resume: the training loader is a torchdata `StatefulDataLoader`; Lightning saves its state (the current
+pass's order and how many batches were taken) in each checkpoint and restores it, so a run resumed mid-epoch
+trains on exactly the batches the uninterrupted run would have, and the epochs after it in the same order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence, Set
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from exgrpo_pl.data.loading import check_answer_from, load_rows, split_rows
 from exgrpo_pl.data.synthetic import ArithmeticTask
 from exgrpo_pl.data.task import SyntheticTask
+from exgrpo_pl.seeding import derive_seed, split_seed
 
 _FIXED_KEYS = ("id", "prompt", "answer", "domain")
 
@@ -65,45 +67,161 @@ def collate_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
-class ExcludingRandomSampler(Sampler[int]):
-    """Shuffles dataset indices each epoch, skipping the rows whose question id is excluded.
+class ExcludingRandomSampler(DistributedSampler):
+    """Shuffles the dataset indices of one pass (epoch), skipping the rows whose question id is excluded, and
+    shards the pass across ranks itself.
 
-    The excluded set is read at the start of each epoch, so ids added to it take effect from the next one.
-    The order of epoch `e` comes from a generator seeded with `seed + e`; `e` is whatever `set_epoch` set
-    last (Lightning calls it before each epoch) and advances by one after each pass otherwise.
+    `begin_pass()` draws the order of pass `epoch` from a generator seeded by `split_seed(seed, epoch)`, with
+    the excluded set as it is then, and moves `epoch` on by one; iterating yields this rank's share of the
+    current pass, the same each time, so a resumed pass is the pass that was saved (`pass_state` /
+    `restore_pass`). Iterating before any pass begins one.
+
+    Ranks draw the same order and take every `num_replicas`-th entry from `rank` on. With several ranks,
+    every pass has the same length on every rank, `ceil(start_rows / num_replicas)`, so every rank runs the
+    same number of steps (no collective waits on a rank that ran out); once questions are retired, the freed
+    slots repeat the first remaining ones of the order. On one rank a pass is as long as its active rows.
+
+    It subclasses `DistributedSampler` only so that Lightning does not wrap it in a
+    `DistributedSamplerWrapper`, whose own shuffle and eager listing a resumed run could not restore.
 
     Args:
         question_ids: the question id of each dataset index.
         excluded: the excluded question ids; kept by reference, so later additions are seen.
-        seed: base seed of the shuffle.
+        seed: seed of the shuffle.
+        num_replicas: ranks that share the data.
+        rank: this rank.
+        start_rows: active rows when the run started; sets the per-rank length (and the length reported
+            before the first pass, which Lightning measures once); None: the active rows now.
     """
 
-    def __init__(self, question_ids: Sequence[int], excluded: Set[int], seed: int = 0) -> None:
+    def __init__(
+        self,
+        question_ids: Sequence[int],
+        excluded: Set[int],
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+        start_rows: int | None = None,
+    ) -> None:
+        # DistributedSampler.__init__ is not called: it wants a dataset and a process group. The attributes
+        # that others read from a DistributedSampler are set here.
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, num_replicas={num_replicas})")
         self.question_ids = list(question_ids)
         self.excluded = excluded
         self.seed = seed
+        self.num_replicas, self.rank = num_replicas, rank
+        self.shuffle, self.drop_last = True, False
         self.epoch = 0
+        self.start_rows = len(self._active()) if start_rows is None else start_rows
+        self.num_samples = math.ceil(self.start_rows / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+        self.order: list[int] | None = None  # the current pass, before sharding
+        self.order_epoch = -1
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch whose order the next pass draws."""
-        self.epoch = epoch
+        """Ignored: the sampler counts its own passes. Lightning calls this before each epoch, but its count
+        runs one ahead after resuming from a checkpoint saved when `max_steps` stopped a run mid-epoch."""
 
     def _active(self) -> list[int]:
         return [index for index, qid in enumerate(self.question_ids) if qid not in self.excluded]
 
-    def __len__(self) -> int:
-        return len(self._active())
-
-    def __iter__(self) -> Iterator[int]:
+    def begin_pass(self) -> None:
+        """Draws the order of epoch `epoch` over the questions not excluded now."""
         active = self._active()
         if not active:
             raise RuntimeError(
                 f"all {len(self.question_ids)} training questions are retired; nothing is left to train on"
             )
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        generator = torch.Generator().manual_seed(split_seed(self.seed, self.epoch))
+        self.order = [active[i] for i in torch.randperm(len(active), generator=generator).tolist()]
+        self.order_epoch = self.epoch
         self.epoch += 1
-        order = torch.randperm(len(active), generator=generator).tolist()
-        return iter([active[i] for i in order])
+
+    def _shard(self) -> list[int]:
+        if self.num_replicas == 1:
+            return self.order
+        order = self.order[: self.total_size]
+        repeats = math.ceil(self.total_size / len(order))
+        return (order * repeats)[: self.total_size][self.rank :: self.num_replicas]
+
+    def __len__(self) -> int:
+        if self.num_replicas > 1:
+            return self.num_samples
+        return len(self.order) if self.order is not None else self.start_rows
+
+    def __iter__(self) -> Iterator[int]:
+        if self.order is None:
+            self.begin_pass()
+        return iter(self._shard())
+
+    def pass_state(self, finished: bool) -> dict[str, Any]:
+        """The current pass: its seed and epoch, and unless `finished` its order (`[n]` long tensor)."""
+        order = None if finished or self.order is None else torch.tensor(self.order, dtype=torch.long)
+        return {"seed": self.seed, "epoch": self.order_epoch, "order": order}
+
+    def restore_pass(self, state: dict[str, Any]) -> None:
+        """Makes the saved pass current (or, when it has no order, the next `begin_pass` draw the epoch after
+        it); the seed is the saved one, so the resumed run goes on with the same data order."""
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"]) + 1
+        self.order = None if state["order"] is None else state["order"].tolist()
+        self.order_epoch = int(state["epoch"])
+
+
+class _ResumableLoader(StatefulDataLoader):
+    """A torchdata `StatefulDataLoader` over an `ExcludingRandomSampler` that begins a new pass of it when an
+    epoch's iteration starts, and saves the pass's order with the position in it.
+
+    Lightning saves the `state_dict` of a training loader that has one, with the loops, and loads it into
+    the new run's loader before iterating it. A pass whose epoch is over (every batch taken, or as many as
+    `epoch_batches()` says an epoch has: Lightning's `limit_train_batches`) is saved without position, so a
+    run resumed from its end begins the next pass, as the uninterrupted run does. An iteration started again
+    before it took a batch (Lightning does so on some resumes) goes over the same pass from the same place
+    instead of beginning another.
+
+    Args:
+        args: `StatefulDataLoader`'s.
+        epoch_batches: the most batches an epoch takes; None: no limit.
+        kwargs: `StatefulDataLoader`'s.
+    """
+
+    def __init__(self, *args: Any, epoch_batches: Callable[[], float] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch_batches = epoch_batches
+        self._restored: dict[str, Any] | None = None  # the position loaded, until a batch is taken after it
+        self._taken_at_start = 0
+
+    def __iter__(self):
+        iterator = self._iterator
+        # `_num_yielded` counts the batches an iterator handed out (torch's DataLoader iterator).
+        untouched = iterator is not None and iterator._num_yielded == self._taken_at_start
+        if untouched and self._restored is not None:
+            super().load_state_dict(self._restored)
+        elif iterator is not None and not untouched:
+            self._restored = None
+            self.sampler.begin_pass()
+        elif iterator is None and self._restored is None:
+            self.sampler.begin_pass()
+        iterator = super().__iter__()
+        self._taken_at_start = iterator._num_yielded
+        return iterator
+
+    def state_dict(self) -> dict[str, Any]:
+        """`{"pass": the sampler's pass, "loader": torchdata's state, None at the end of the pass}`."""
+        iterator = self._iterator
+        limit = self.epoch_batches() if self.epoch_batches is not None else math.inf
+        finished = iterator is None or iterator._num_yielded >= min(len(iterator), limit)
+        return {
+            "pass": self.sampler.pass_state(finished),
+            "loader": None if finished else super().state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores the pass, and the position in it when it was not finished."""
+        self.sampler.restore_pass(state_dict["pass"])
+        self._restored = state_dict["loader"]
+        super().load_state_dict(self._restored or {})
 
 
 class PromptDataModule(L.LightningDataModule):
@@ -130,7 +248,9 @@ class PromptDataModule(L.LightningDataModule):
         batch_size: prompts per training batch (each is expanded into a group of rollouts later).
         val_batch_size: prompts per validation batch; None means `batch_size`.
         num_workers: DataLoader worker processes.
-        seed: seeds the training shuffle and the split of file data.
+        seed: seeds the training shuffle and the split of file data; None: the shuffle follows the run seed
+            (`derive_seed("data")`, read when the training loader is built, so a later `seed_everything`
+            counts) and the split uses seed 0, so the held-out rows never depend on the run seed.
         drop_last: drop the last incomplete training batch.
     """
 
@@ -148,7 +268,7 @@ class PromptDataModule(L.LightningDataModule):
         batch_size: int = 8,
         val_batch_size: int | None = None,
         num_workers: int = 0,
-        seed: int = 0,
+        seed: int | None = None,
         drop_last: bool = True,
     ) -> None:
         super().__init__()
@@ -161,6 +281,8 @@ class PromptDataModule(L.LightningDataModule):
         self.save_hyperparameters(ignore=["synthetic"])
         self.synthetic = synthetic
         self._excluded: set[int] = set()
+        self._start_rows: int | None = None  # active training rows when the run's training began
+        self._sampler: ExcludingRandomSampler | None = None  # the latest training loader's
         self._train_rows: list[dict[str, Any]] | None = None
         self._val_rows: list[dict[str, Any]] = []
 
@@ -183,7 +305,8 @@ class PromptDataModule(L.LightningDataModule):
         if hp.train_path is not None:
             rows = self._load(hp.train_path)
             if hp.val_path is None:
-                rows, self._val_rows = split_rows(rows, hp.val_fraction, seed=hp.seed)
+                split_seed = hp.seed if hp.seed is not None else 0
+                rows, self._val_rows = split_rows(rows, hp.val_fraction, seed=split_seed)
         else:
             task = self.synthetic if self.synthetic is not None else ArithmeticTask()
             if hp.val_path is None:
@@ -222,17 +345,58 @@ class PromptDataModule(L.LightningDataModule):
         self._excluded.update(int(qid) for qid in ids)
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled training batches that skip retired questions."""
-        rows = self.train_rows
-        sampler = ExcludingRandomSampler([row["id"] for row in rows], self._excluded, seed=self.hparams.seed)
-        return DataLoader(
+        """Shuffled training batches that skip retired questions, sharded across the trainer's ranks, with
+        their pass and position in Lightning's checkpoints (a `StatefulDataLoader`)."""
+        rows, hp = self.train_rows, self.hparams
+        num_replicas, rank = self._replicas()
+        seed = hp.seed if hp.seed is not None else derive_seed("data")
+        sampler = ExcludingRandomSampler(
+            [row["id"] for row in rows], self._excluded, seed, num_replicas, rank, self._start_rows
+        )
+        if self._sampler is not None:  # a reloaded loader goes on counting passes
+            sampler.epoch = self._sampler.epoch
+        self._sampler, self._start_rows = sampler, sampler.start_rows
+        if hp.drop_last and 0 < len(sampler) < hp.batch_size:  # none active: iterating says all are retired
+            split = self._val_rows and hp.val_path is None
+            held_out = f" after {len(self._val_rows)} held out for validation" if split else ""
+            retired = len(rows) - sampler.start_rows
+            retired = f", {retired} of them retired" if retired else ""
+            per_rank = f" ({len(sampler)} per rank on {num_replicas} ranks)" if num_replicas > 1 else ""
+            raise ValueError(
+                f"{self._source()} has {len(rows)} training rows{held_out}{retired}{per_rank}, fewer than"
+                f" one training batch of batch_size={hp.batch_size} (drop_last=True): training would take no"
+                " step. Lower batch_size, add rows, lower val_fraction, or set drop_last=False."
+            )
+        return _ResumableLoader(
             _RowDataset(rows),
-            batch_size=self.hparams.batch_size,
+            batch_size=hp.batch_size,
             sampler=sampler,
             collate_fn=collate_rows,
-            num_workers=self.hparams.num_workers,
-            drop_last=self.hparams.drop_last,
+            num_workers=hp.num_workers,
+            drop_last=hp.drop_last,
+            # Its own generator: starting an iterator (each epoch) then draws nothing from torch's global one,
+            # which samples the rollouts and which a resumed run restores just before.
+            generator=torch.Generator().manual_seed(seed),
+            epoch_batches=self._epoch_batches,
         )
+
+    def _epoch_batches(self) -> float:
+        """Batches per training epoch as the trainer counts them (`limit_train_batches` applied)."""
+        return self.trainer.num_training_batches if self.trainer is not None else math.inf
+
+    def _replicas(self) -> tuple[int, int]:
+        """(ranks sharing the training data, this rank), from the trainer's strategy; (1, 0) without one."""
+        kwargs = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        if not kwargs:
+            return 1, 0
+        return int(kwargs["num_replicas"]), int(kwargs["rank"])
+
+    def _source(self) -> str:
+        hp = self.hparams
+        if hp.train_path is not None:
+            return f"train_path {hp.train_path!r}"
+        task = self.synthetic if self.synthetic is not None else ArithmeticTask()
+        return f"the synthetic task {task!r}"
 
     def val_dataloader(self) -> DataLoader | list:
         """Validation batches in file order; an empty list (no validation) when there are no rows."""
@@ -254,11 +418,16 @@ class PromptDataModule(L.LightningDataModule):
         return self.val_dataloader()
 
     def state_dict(self) -> dict[str, Any]:
-        """The retired question ids, as a sorted list of ints."""
-        return {"excluded_question_ids": sorted(self._excluded)}
+        """The retired question ids (a sorted list of ints) and the active rows when training began.
+
+        The training loader's pass and position are saved by Lightning with the loops (`_ResumableLoader`).
+        """
+        return {"excluded_question_ids": sorted(self._excluded), "start_rows": self._start_rows}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores the retired question ids; the sampler sees them from its next epoch."""
+        """Restores the retired question ids (the sampler sees them from its next pass) and the length the
+        training loader reports before its first pass, which Lightning measures as the epoch length."""
         # In place: the training sampler holds a reference to this set.
         self._excluded.clear()
         self._excluded.update(int(qid) for qid in state_dict["excluded_question_ids"])
+        self._start_rows = state_dict.get("start_rows")

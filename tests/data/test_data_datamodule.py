@@ -1,13 +1,18 @@
-"""Tests for PromptDataModule and ExcludingRandomSampler: batches, retirement, DDP wrapping, state."""
+"""Tests for PromptDataModule and ExcludingRandomSampler: batches, retirement, sharding, seeds, the
+resumable training loader, and data too small for one batch."""
 
+import io
 import json
 
 import lightning as L
 import pytest
 import torch
-from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DistributedSampler
 
+from exgrpo_pl.checkpointing import SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, ExcludingRandomSampler, PromptDataModule
+from exgrpo_pl.resume import resumable_fit_progress
 
 
 def make_dm(**kwargs):
@@ -18,6 +23,10 @@ def make_dm(**kwargs):
 
 def epoch_ids(loader):
     return [qid for batch in loader for qid in batch["question_id"].tolist()]
+
+
+def ids(dm):
+    return [row["id"] for row in dm.train_rows]
 
 
 def test_batch_keys_and_shapes():
@@ -55,8 +64,39 @@ def test_shuffle_is_seeded_per_epoch():
     epochs_a = [epoch_ids(loader_a) for _ in range(2)]
     assert epochs_a == [epoch_ids(loader_b) for _ in range(2)]
     assert epochs_a[0] != epochs_a[1] and sorted(epochs_a[0]) == sorted(epochs_a[1])
-    loader_b.sampler.set_epoch(1)
-    assert epoch_ids(loader_b) == epochs_a[1]
+    third = make_dm(seed=5).train_dataloader()
+    third.sampler.epoch = 1  # the pass counter, which a checkpoint restores
+    assert epoch_ids(third) == epochs_a[1]
+    third.sampler.set_epoch(0)  # Lightning's epoch number is ignored
+    assert epoch_ids(third) != epochs_a[0]
+    assert epoch_ids(make_dm(seed=6).train_dataloader()) != epochs_a[0]
+
+
+def test_the_order_follows_the_run_seed_unless_seed_is_given(monkeypatch):
+    def first_epoch(run_seed, **kwargs):
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(run_seed))
+        return epoch_ids(make_dm(**kwargs).train_dataloader())
+
+    assert first_epoch(1) == first_epoch(1) != first_epoch(2)
+    assert first_epoch(1, seed=7) == first_epoch(2, seed=7)
+    # Read when the loader is built: a seed_everything after construction counts.
+    monkeypatch.setenv("PL_GLOBAL_SEED", "1")
+    dm = make_dm()
+    monkeypatch.setenv("PL_GLOBAL_SEED", "2")
+    assert epoch_ids(dm.train_dataloader()) == first_epoch(2)
+
+
+def test_the_held_out_split_does_not_follow_the_run_seed(tmp_path, monkeypatch):
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": i + 1}) + "\n" for i in range(50)))
+
+    def val_ids(run_seed, seed=None):
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(run_seed))
+        dm = PromptDataModule(train_path=str(path), val_fraction=0.2, batch_size=4, seed=seed)
+        dm.setup("fit")
+        return sorted(row["id"] for row in dm.val_rows)
+
+    assert val_ids(1) == val_ids(2) == val_ids(3, seed=0) != val_ids(1, seed=5)
 
 
 def test_excluded_questions_skipped_from_next_epoch():
@@ -84,8 +124,10 @@ def test_all_retired_is_a_clear_error():
 def test_state_dict_round_trip():
     dm = make_dm()
     dm.exclude_questions([3, 1, 2])
+    assert dm.state_dict() == {"excluded_question_ids": [1, 2, 3], "start_rows": None}
+    dm.train_dataloader()
     state = dm.state_dict()
-    assert state == {"excluded_question_ids": [1, 2, 3]}
+    assert state == {"excluded_question_ids": [1, 2, 3], "start_rows": 36 - len({1, 2, 3} & set(ids(dm)))}
     restored = make_dm()
     loader = restored.train_dataloader()  # built before the restore, as on resume
     restored.load_state_dict(state)
@@ -93,24 +135,36 @@ def test_state_dict_round_trip():
     assert not {1, 2, 3} & set(epoch_ids(loader))
 
 
-def test_under_the_ddp_wrapper_lengths_stay_fixed_and_retired_ids_vanish():
-    ids = list(range(20))
+def test_sharded_lengths_stay_fixed_and_retired_ids_vanish():
+    question_ids = list(range(20))
     excluded = set()
-    ranks = [
-        DistributedSamplerWrapper(
-            ExcludingRandomSampler(ids, excluded, seed=0), num_replicas=2, rank=r, shuffle=False
-        )
-        for r in range(2)
-    ]
+    ranks = [ExcludingRandomSampler(question_ids, excluded, 0, num_replicas=2, rank=r) for r in range(2)]
+    assert all(isinstance(s, DistributedSampler) for s in ranks)  # so Lightning does not wrap it
+    for sampler in ranks:
+        sampler.begin_pass()
     first = [list(s) for s in ranks]
-    assert sorted(first[0] + first[1]) == ids
+    assert sorted(first[0] + first[1]) == question_ids
     excluded.update(range(7))
     for sampler in ranks:
-        sampler.set_epoch(1)
+        sampler.begin_pass()
     second = [list(s) for s in ranks]
-    assert [len(x) for x in second] == [10, 10]  # same steps on every rank: no collective hangs
+    assert [len(x) for x in second] == [len(s) for s in ranks] == [10, 10]  # same steps on every rank
     assert not set(second[0] + second[1]) & excluded
     assert set(second[0] + second[1]) == set(range(7, 20))  # padding repeats a few remaining ones
+    excluded.update(range(19))  # one question left: every slot of every rank repeats it
+    for sampler in ranks:
+        sampler.begin_pass()
+    assert [list(s) for s in ranks] == [[19] * 10] * 2
+
+
+def test_an_odd_row_count_pads_the_last_rank():
+    ranks = [ExcludingRandomSampler(range(5), set(), 3, num_replicas=2, rank=r) for r in range(2)]
+    for sampler in ranks:
+        sampler.begin_pass()
+    shards = [list(s) for s in ranks]
+    assert [len(x) for x in shards] == [3, 3] and set(shards[0] + shards[1]) == set(range(5))
+    with pytest.raises(ValueError, match="rank 2"):
+        ExcludingRandomSampler(range(5), set(), 0, num_replicas=2, rank=2)
 
 
 class _Retirer(L.LightningModule):
@@ -168,3 +222,191 @@ def test_invalid_arguments():
         PromptDataModule(batch_size=0)
     with pytest.raises(ValueError, match="val_fraction"):
         PromptDataModule(val_fraction=1.0)
+
+
+# Data too small for one batch
+
+
+def test_fewer_rows_than_one_batch_is_an_error_naming_rows_batch_and_file(tmp_path):
+    path = tmp_path / "tiny.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": i + 1}) + "\n" for i in range(5)))
+    dm = PromptDataModule(train_path=str(path), val_path=str(path), batch_size=8)
+    dm.setup("fit")
+    with pytest.raises(ValueError, match=r"train_path '.*tiny.jsonl' has 5 training rows, .*batch_size=8"):
+        dm.train_dataloader()
+    kept_last = PromptDataModule(train_path=str(path), val_path=str(path), batch_size=8, drop_last=False)
+    kept_last.setup("fit")
+    assert [len(b["prompt"]) for b in kept_last.train_dataloader()] == [5]
+
+
+def test_a_small_synthetic_task_names_the_task_and_the_held_out_rows():
+    dm = PromptDataModule(synthetic=ArithmeticTask(num_questions=20), batch_size=32, val_fraction=0.25)
+    dm.setup("fit")
+    rows, held_out = len(dm.train_rows), len(dm.val_rows)
+    assert held_out > 0
+    with pytest.raises(ValueError, match=rf"ArithmeticTask\(num_questions=20.* has {rows} training rows after"
+                       rf" {held_out} held out for validation"):  # fmt: skip
+        dm.train_dataloader()
+
+
+def test_the_trainer_stops_before_training_with_that_error(tmp_path):
+    model = _Retirer(None)
+    trainer = L.Trainer(
+        max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    dm = PromptDataModule(synthetic=ArithmeticTask(num_questions=6), batch_size=8, val_fraction=0.0)
+    with pytest.raises(ValueError, match="has 6 training rows, fewer than one training batch of batch_size"):
+        trainer.fit(model, datamodule=dm)
+    assert trainer.global_step == 0 and model.seen == {}
+
+
+# The resumable training loader
+
+
+def batches(loader, count):
+    iterator = iter(loader)
+    return [next(iterator)["question_id"].tolist() for _ in range(count)]
+
+
+def weights_only(state):
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def test_a_loader_restored_mid_pass_goes_on_where_it_stopped():
+    dm = make_dm(seed=3)
+    loader = dm.train_dataloader()
+    first = epoch_ids(loader)
+    iterator = iter(loader)
+    taken = [next(iterator)["question_id"].tolist() for _ in range(3)]
+    dm.exclude_questions(taken[0])  # later exclusions leave the running pass alone
+    state, dm_state = weights_only(loader.state_dict()), dm.state_dict()
+    rest = [b["question_id"].tolist() for b in iterator]
+    following = epoch_ids(loader)
+
+    resumed = make_dm(seed=99)  # the checkpoint's seed wins: the resumed run keeps the saved order
+    resumed.load_state_dict(dm_state)
+    restored = resumed.train_dataloader()
+    restored.load_state_dict(state)
+    assert [b["question_id"].tolist() for b in restored] == rest
+    assert epoch_ids(restored) == following and following != first
+    assert not set(following) & set(taken[0])
+
+
+def test_a_pass_saved_at_its_end_resumes_with_the_next_pass():
+    dm = make_dm(seed=3)
+    loader = dm.train_dataloader()
+    epoch_ids(loader)
+    state = loader.state_dict()
+    assert state["loader"] is None and state["pass"]["order"] is None  # no position, no order to keep
+    following = epoch_ids(loader)
+    restored = make_dm(seed=3).train_dataloader()
+    restored.load_state_dict(state)
+    assert epoch_ids(restored) == following
+
+
+def test_an_epoch_cut_short_by_a_batch_limit_ends_the_pass():
+    dm = make_dm(seed=3)
+    loader = dm.train_dataloader()
+    loader.epoch_batches = lambda: 2  # as Trainer(limit_train_batches=2) counts an epoch
+    assert len(batches(loader, 2)) == 2
+    state = loader.state_dict()
+    assert state["loader"] is None
+    following = batches(loader, 2)
+    restored = make_dm(seed=3).train_dataloader()
+    restored.load_state_dict(state)
+    assert batches(restored, 2) == following
+
+
+def test_iterating_again_before_taking_a_batch_keeps_the_pass_and_position():
+    dm = make_dm(seed=3)
+    loader = dm.train_dataloader()
+    iter(loader)
+    assert batches(loader, 2) == batches(make_dm(seed=3).train_dataloader(), 2)
+    state = loader.state_dict()
+    restored = make_dm(seed=3).train_dataloader()
+    restored.load_state_dict(state)
+    iter(restored)  # Lightning starts the iteration a second time on some resumes
+    rest = [b["question_id"].tolist() for b in loader._iterator]
+    assert [b["question_id"].tolist() for b in restored] == rest
+
+
+class _Recorder(L.LightningModule):
+    """Records (step, epoch, question ids) of each batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight, self.seen = torch.nn.Parameter(torch.zeros(1)), []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((self.global_step, self.current_epoch, batch["question_id"].tolist()))
+        return (self.weight**2).sum()
+
+    def on_load_checkpoint(self, checkpoint):
+        resumable_fit_progress(checkpoint)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class _Retirement(L.Callback):
+    """Retires the first question of every third step's batch, from the next epoch on (and at once when
+    restored), as ReplayCallback does."""
+
+    def __init__(self):
+        self.retired, self.datamodule = set(), None
+
+    def setup(self, trainer, pl_module, stage):
+        self.datamodule = trainer.datamodule
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step % 3 == 1:  # the step that just ran was 0, 3, 6, ...
+            self.retired.add(batch["question_id"][0].item())
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.datamodule.exclude_questions(self.retired)
+
+    def state_dict(self):
+        return {"retired": sorted(self.retired)}
+
+    def load_state_dict(self, state_dict):
+        self.retired = set(state_dict["retired"])
+        self.datamodule.exclude_questions(self.retired)
+
+
+def fit_recorded(root, max_steps, checkpoint=None, ckpt_path=None, val_fraction=0.0):
+    L.seed_everything(0, verbose=False)
+    dm = PromptDataModule(synthetic=ArithmeticTask(27, seed=1), batch_size=4, val_fraction=val_fraction)
+    model = _Recorder()
+    trainer = L.Trainer(
+        max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=root, limit_val_batches=1 if val_fraction else 0,
+        callbacks=[_Retirement(), *([checkpoint] if checkpoint else [])],
+        enable_checkpointing=checkpoint is not None,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return model.seen
+
+
+SAVERS = {  # where each saves the step's checkpoint
+    "every step (on_train_batch_end)": (ModelCheckpoint, {"every_n_train_steps": 1}),
+    "epoch end (on_train_epoch_end)": (SafeModelCheckpoint, {}),
+    "train end only (on_train_end)": (SafeModelCheckpoint, {"every_n_epochs": 0}),
+}
+
+
+@pytest.mark.parametrize("saver", SAVERS)
+@pytest.mark.parametrize("stop", [3, 6, 14, 17], ids=lambda s: f"stop{s}")
+def test_a_resumed_trainer_sees_the_batches_and_epochs_of_the_uninterrupted_one(tmp_path, saver, stop):
+    """Epochs 0 and 1 have 6 batches; retirement shortens epoch 2 to 5 (steps 12-16): stops mid-epoch (3,
+    14) and after an epoch's last batch (6, 17), with each kind of checkpoint."""
+    straight = fit_recorded(tmp_path / "straight", 19)
+    assert [epoch for _, epoch, _ in straight] == [0] * 6 + [1] * 6 + [2] * 5 + [3] * 2
+    cls, kwargs = SAVERS[saver]
+    checkpoint = cls(tmp_path / "run", "{step}", save_top_k=-1, **kwargs)
+    fit_recorded(tmp_path / "run", stop + (cls is ModelCheckpoint), checkpoint)
+    resumed = fit_recorded(tmp_path / "run", 19, ckpt_path=tmp_path / "run" / f"step={stop}.ckpt")
+    assert resumed == straight[stop:]
