@@ -86,8 +86,11 @@ class ContractError(ValueError):
 
 
 def check_batch(batch: Any) -> None:
-    """Raise a `ContractError` naming the missing or malformed key unless `batch` is a training batch the
-    callbacks can read: a dict with `prompt` (list of str) and `question_id` (`[B]` integers)."""
+    """Raise a `ContractError` naming the missing or malformed key, and the batch contract.
+
+    The callbacks read training batches that are dicts with `prompt` (list of str) and `question_id` (`[B]`
+    integers: a long tensor, or a list of ints, which `plan_rollouts` accepts too).
+    """
     keys = ", ".join(f"{key!r} ({what})" for key, what in BATCH_KEYS.items())
     contract = (
         f"ReplayCallback needs training batches that are dicts with {keys}, as "
