@@ -82,19 +82,20 @@ class RaggedStore:
                 during the copy, so asking for int64 ids costs nothing extra.
         """
         lengths = self.length[slots]
-        width = int(lengths.max(initial=0))
+        n, width = len(slots), int(lengths.max(initial=0))
         positions = np.arange(width)
         mask = positions >= (width - lengths)[:, None] if left else positions < lengths[:, None]  # [n, width]
-        dtypes = dtypes or {}
-        out = {name: np.zeros(mask.shape, dtypes.get(name, v.dtype)) for name, v in self.fields.items()}
-        pairs = [(out[name], values) for name, values in self.fields.items()]
-        # One slice copy per row and field: each row is contiguous in its arena, so this reads only the
-        # row's own elements. A vectorised gather (an index per element, then zeroing the padding) was 3-4x
-        # slower at 256 rows of 512 tokens out of a 100K-row arena.
-        for row, (first, n) in enumerate(zip(self.offset[slots].tolist(), lengths.tolist(), strict=True)):
-            column = width - n if left else 0
-            for rows, values in pairs:
-                rows[row, column : column + n] = values[first : first + n]
+        # Each row is contiguous in its arena: one slice copy per row and field reads only the row's own
+        # elements. Slices of a flat output are 2x cheaper than rows of a 2-D one, and a vectorised gather
+        # (an index per element, then zeroing the padding) was 3-4x slower at 256 rows of 512 tokens.
+        targets = (np.arange(n) * width + (width - lengths if left else 0)).tolist()
+        rows = list(zip(targets, self.offset[slots].tolist(), lengths.tolist(), strict=True))
+        out = {}
+        for name, values in self.fields.items():
+            flat = np.zeros(n * width, (dtypes or {}).get(name, values.dtype))
+            for target, first, length in rows:
+                flat[target : target + length] = values[first : first + length]
+            out[name] = flat.reshape(n, width)
         return out, mask
 
     @property
