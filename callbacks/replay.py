@@ -99,7 +99,7 @@ class ReplayCallback(Callback):
         # steps, readable on every step (benchmarks/overhead.py sums them).
         self.last_timings: dict[str, float] = {}
         self._rank_writes_own_file = False  # DeepSpeed ZeRO-3: see state_dict()
-        self._datamodule = None  # the trainer's, from setup: load_state_dict retires into it
+        self._retire_at_epoch_start = True  # setup() decides
         self._contract = StepChecker()  # what the datamodule and training_step hand over, with the fix
 
     # ------------------------------------------------------------------------------ decisions
@@ -117,11 +117,18 @@ class ReplayCallback(Callback):
             )
         self._rank_writes_own_file = zero_stage(trainer) == 3
         self.replay.follow_run_seed()
-        self._datamodule = trainer.datamodule
+        # Retire right before each pass is drawn where the datamodule says when that is (PromptDataModule):
+        # a run resumed from an epoch's end draws its next pass before any epoch hook, and Lightning may
+        # skip that epoch's on_train_epoch_start.
+        add_pass_hook = getattr(trainer.datamodule, "add_pass_hook", None)
+        self._retire_at_epoch_start = add_pass_hook is None
+        if add_pass_hook is not None:
+            add_pass_hook(self._exclude_retired)
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._exclude_retired(trainer.datamodule)
+        if self._retire_at_epoch_start:
+            self._exclude_retired(trainer.datamodule)
 
     def _exclude_retired(self, datamodule) -> None:
         """Retired questions (solved by every rollout) leave on-policy sampling from the next pass on."""
@@ -248,9 +255,6 @@ class ReplayCallback(Callback):
           for the old world), so a rank reads another's file only where every rank is handed rank 0's:
           DeepSpeed's universal checkpoints, or one file made by Lightning's
           `convert_zero_checkpoint_to_fp32_state_dict`. Every rank then starts from rank 0's state.
-
-        In a trainer (after `setup`), the restored buffers' retired questions are then excluded from the
-        datamodule's training data (every rank takes part: the ids are gathered from all ranks).
         """
         ranks = state_dict["ranks"]
         first = state_dict.get("rank", 0)
@@ -269,10 +273,6 @@ class ReplayCallback(Callback):
         self.pass_rate_reached = own["pass_rate_reached"]
         self.fallback_steps = own["fallback_steps"]
         self.replayed_steps = own["replayed_steps"]
-        if self._datamodule is not None:
-            # At once, not at the next epoch start: resuming from an epoch's end, the next pass is drawn
-            # before any hook runs, and Lightning may skip that epoch's on_train_epoch_start.
-            self._exclude_retired(self._datamodule)
 
 
 class _Rescoring:

@@ -183,12 +183,20 @@ class _ResumableLoader(StatefulDataLoader):
     Args:
         args: `StatefulDataLoader`'s.
         epoch_batches: the most batches an epoch takes; None: no limit.
+        before_pass: called right before each new pass is drawn.
         kwargs: `StatefulDataLoader`'s.
     """
 
-    def __init__(self, *args: Any, epoch_batches: Callable[[], float] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        epoch_batches: Callable[[], float] | None = None,
+        before_pass: Callable[[], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.epoch_batches = epoch_batches
+        self.before_pass = before_pass
         self._restored: dict[str, Any] | None = None  # the position loaded, until a batch is taken after it
         self._taken_at_start = 0
 
@@ -198,10 +206,10 @@ class _ResumableLoader(StatefulDataLoader):
         untouched = iterator is not None and iterator._num_yielded == self._taken_at_start
         if untouched and self._restored is not None:
             super().load_state_dict(self._restored)
-        elif iterator is not None and not untouched:
+        elif (iterator is not None and not untouched) or (iterator is None and self._restored is None):
             self._restored = None
-            self.sampler.begin_pass()
-        elif iterator is None and self._restored is None:
+            if self.before_pass is not None:
+                self.before_pass()
             self.sampler.begin_pass()
         iterator = super().__iter__()
         self._taken_at_start = iterator._num_yielded
@@ -283,6 +291,7 @@ class PromptDataModule(L.LightningDataModule):
         self._excluded: set[int] = set()
         self._start_rows: int | None = None  # active training rows when the run's training began
         self._sampler: ExcludingRandomSampler | None = None  # the latest training loader's
+        self._pass_hooks: list[Callable[[PromptDataModule], None]] = []
         self._train_rows: list[dict[str, Any]] | None = None
         self._val_rows: list[dict[str, Any]] = []
 
@@ -378,7 +387,26 @@ class PromptDataModule(L.LightningDataModule):
             # which samples the rollouts and which a resumed run restores just before.
             generator=torch.Generator().manual_seed(seed),
             epoch_batches=self._epoch_batches,
+            before_pass=self._before_pass,
         )
+
+    def add_pass_hook(self, hook: Callable[[PromptDataModule], None]) -> None:
+        """Calls `hook(datamodule)` right before each training pass (epoch) is drawn, from then on.
+
+        Every rank calls it at the same point, so it may use collectives. `ReplayCallback` retires questions
+        through it: a pass is drawn at each epoch's start, and also when a run resumed from an epoch's end
+        sets its data up (before any epoch hook), so exclusions made here reach exactly the passes they
+        would have reached in the uninterrupted run. Adding the same hook again does nothing.
+
+        Args:
+            hook: called with this datamodule.
+        """
+        if hook not in self._pass_hooks:
+            self._pass_hooks.append(hook)
+
+    def _before_pass(self) -> None:
+        for hook in self._pass_hooks:
+            hook(self)
 
     def _epoch_batches(self) -> float:
         """Batches per training epoch as the trainer counts them (`limit_train_batches` applied)."""

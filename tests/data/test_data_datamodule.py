@@ -121,6 +121,22 @@ def test_all_retired_is_a_clear_error():
         next(iter(dm.train_dataloader()))
 
 
+def test_pass_hooks_run_right_before_each_pass_once_each():
+    dm = make_dm()
+    calls = []
+
+    def hook(datamodule):
+        calls.append(datamodule.excluded_question_ids)
+        datamodule.exclude_questions([ids(dm)[len(calls)]])
+
+    dm.add_pass_hook(hook)
+    dm.add_pass_hook(hook)
+    loader = dm.train_dataloader()
+    first, second = epoch_ids(loader), epoch_ids(loader)
+    assert calls == [frozenset(), {ids(dm)[1]}]
+    assert ids(dm)[1] not in first and ids(dm)[2] not in second and ids(dm)[2] in first
+
+
 def test_state_dict_round_trip():
     dm = make_dm()
     dm.exclude_questions([3, 1, 2])
@@ -353,28 +369,24 @@ class _Recorder(L.LightningModule):
 
 
 class _Retirement(L.Callback):
-    """Retires the first question of every third step's batch, from the next epoch on (and at once when
-    restored), as ReplayCallback does."""
+    """Retires the first question of every third step's batch, from the next pass on, through the
+    datamodule's pass hook (as ReplayCallback does)."""
 
     def __init__(self):
-        self.retired, self.datamodule = set(), None
+        self.retired = set()
 
     def setup(self, trainer, pl_module, stage):
-        self.datamodule = trainer.datamodule
+        trainer.datamodule.add_pass_hook(lambda dm: dm.exclude_questions(self.retired))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step % 3 == 1:  # the step that just ran was 0, 3, 6, ...
             self.retired.add(batch["question_id"][0].item())
-
-    def on_train_epoch_start(self, trainer, pl_module):
-        self.datamodule.exclude_questions(self.retired)
 
     def state_dict(self):
         return {"retired": sorted(self.retired)}
 
     def load_state_dict(self, state_dict):
         self.retired = set(state_dict["retired"])
-        self.datamodule.exclude_questions(self.retired)
 
 
 def fit_recorded(root, max_steps, checkpoint=None, ckpt_path=None, val_fraction=0.0):
