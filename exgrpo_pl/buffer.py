@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import zlib
-from collections import namedtuple
+from collections import deque, namedtuple
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -193,6 +193,10 @@ class TrajectoryBuffer:
         self._domain_names: list[str] = []
         self._qidx_version = self._bucketer.layout_version
         self._index = GroupIndex()  # occupied slots by dense question index, oldest first in each question
+        # (slots, their seq) in insertion order, one entry per add: eviction pops the oldest from the left.
+        # An entry whose slot was freed (and maybe reused) since is stale and skipped.
+        self._fifo: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self._fifo_length = 0  # entries in _fifo, stale ones included
 
     def _reserve(self, n: int) -> None:
         capacity = len(self._cols["seq"])
@@ -231,16 +235,34 @@ class TrajectoryBuffer:
     def _allocate(self, k: int) -> np.ndarray:
         evict = k - (len(self._free) + self.max_size - self._high_water)
         if evict > 0:
-            occupied = self._occupied()
-            seq = self._cols["seq"][occupied]
-            oldest = np.argpartition(seq, evict - 1)[:evict] if evict < len(seq) else np.arange(len(seq))
-            self._release(occupied[oldest])
+            self._release(self._oldest(evict))
         slots = [heapq.heappop(self._free) for _ in range(min(k, len(self._free)))]
         fresh = k - len(slots)
         slots.extend(range(self._high_water, self._high_water + fresh))
         self._high_water += fresh
         self._reserve(self._high_water)
         return np.asarray(slots, dtype=np.int64)
+
+    def _oldest(self, n: int) -> np.ndarray:
+        """The `n` stored slots with the smallest insertion sequence numbers, taken off the FIFO."""
+        taken = []
+        while n > 0:
+            slots, seqs = self._fifo.popleft()
+            self._fifo_length -= len(slots)
+            live = np.flatnonzero(self._cols["occupied"][slots] & (self._cols["seq"][slots] == seqs))
+            taken.append(slots[live[:n]])
+            if len(live) > n:  # the rest of this add's slots stay, still oldest
+                self._fifo.appendleft((slots[live[n:]], seqs[live[n:]]))
+                self._fifo_length += len(live) - n
+            n -= len(taken[-1])
+        return np.concatenate(taken)
+
+    def _fifo_live(self) -> tuple[np.ndarray, np.ndarray]:
+        """The FIFO's live (slot, seq) entries, oldest first."""
+        slots = np.concatenate([slots for slots, _ in self._fifo] or [np.zeros(0, dtype=np.int64)])
+        seqs = np.concatenate([seqs for _, seqs in self._fifo] or [np.zeros(0, dtype=np.int64)])
+        live = self._cols["occupied"][slots] & (self._cols["seq"][slots] == seqs)
+        return slots[live], seqs[live]
 
     def _sync_qidx(self) -> None:
         """Re-derive cached dense question indices after the bucketer's layout changed (a state load)."""
@@ -249,14 +271,16 @@ class TrajectoryBuffer:
         occupied = self._occupied()
         self._cols["qidx"][occupied] = self._bucketer.dense_index(self._cols["question_id"][occupied])
         self._qidx_version = self._bucketer.layout_version
-        self._rebuild_index()
+        self._rebuild_orders()
 
-    def _rebuild_index(self) -> None:
-        """The per-question index from scratch: occupied slots of known questions, oldest first in each."""
+    def _rebuild_orders(self) -> None:
+        """The per-question index and the eviction FIFO from scratch, from the occupied slots' columns."""
         occupied = self._occupied()
         occupied = occupied[np.argsort(self._cols["seq"][occupied], kind="stable")]
         qidx = self._cols["qidx"][occupied]
         self._index = GroupIndex.build(occupied[qidx >= 0], qidx[qidx >= 0])
+        self._fifo = deque([(occupied, self._cols["seq"][occupied])] if len(occupied) else [])
+        self._fifo_length = len(occupied)
 
     def add(self, trajectory: RolloutBatch | Mapping) -> int:
         """Record a batch: update the bucketer, drop retired questions, store the fresh rows `keep` admits.
@@ -332,6 +356,8 @@ class TrajectoryBuffer:
         new = np.flatnonzero(incoming.lengths > 0)
         keys = _question_keys(incoming.qidx, hashes)
         stored, _ = self._index.groups(np.unique(incoming.qidx[new]))
+        if not len(stored):  # questions seen for the first time
+            return
         stored_keys = _question_keys(self._cols["qidx"][stored], self._cols["hash"][stored])
         order = np.argsort(stored_keys)
         stored, stored_keys = stored[order], stored_keys[order]
@@ -375,6 +401,11 @@ class TrajectoryBuffer:
         self._next_seq += len(rows)
         self._size += len(rows)
         self._index.add(slots, qidx)  # in seq order: oldest first inside each question
+        self._fifo.append((slots, cols["seq"][slots]))
+        self._fifo_length += len(slots)
+        if self._fifo_length > 2 * self._size + 4096:  # removals left many stale entries: drop them
+            self._fifo = deque([self._fifo_live()])
+            self._fifo_length = len(self._fifo[0][0])
         if batch.domains is None:
             cols["domain"][slots] = -1
         else:
@@ -666,7 +697,7 @@ class TrajectoryBuffer:
         self._free = np.flatnonzero(free).tolist()  # ascending, hence already a heap
         self._next_seq = int(state["next_seq"])
         self._domain_names = list(state["domain_names"])
-        self._rebuild_index()
+        self._rebuild_orders()
         if self.dedup:
             self._cols["hash"][slots] = self._completion_hashes(slots)
 

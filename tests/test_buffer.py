@@ -473,11 +473,15 @@ def index_from_scratch(buffer):
 
 
 def assert_index_consistent(buffer):
+    """The per-question index and the eviction order equal their recomputation; hashes too, and no question
+    holds a completion twice (with `dedup`)."""
     expected = index_from_scratch(buffer)
     num_questions = len(buffer.bucketer)
     assert np.array_equal(buffer._index.members, expected.members)
     assert np.array_equal(buffer._index.counts(num_questions), expected.counts(num_questions))
     occupied = np.flatnonzero(buffer._cols["occupied"])
+    oldest_first = occupied[np.argsort(buffer._cols["seq"][occupied])]
+    assert np.array_equal(buffer._fifo_live()[0], oldest_first)  # the eviction order
     if buffer.dedup:
         assert np.array_equal(buffer._cols["hash"][occupied], buffer._completion_hashes(occupied))
         keys = {
@@ -535,6 +539,19 @@ def test_index_equals_a_recomputation_after_any_sequence(ops, max_size, max_per_
         assert_index_consistent(buffer)
         assert len(buffer) <= buffer.max_size
         assert not set(buffer.policy_snapshot["question_ids"].tolist()) & buffer.bucketer.retired
+
+
+def test_eviction_queue_drops_what_removals_left_behind():
+    buffer = no_retire(max_size=3000, dedup=False)
+    for first in (0, 2100):  # 4200 stored and removed again: stale entries of the eviction queue
+        questions = list(range(first, first + 2100))
+        buffer.add(make_batch(questions, [1.0] * 2100))
+        assert buffer.remove_questions(questions) == 2100
+    buffer.add(make_batch([1, 2], [1.0, 0.0], seed=1))
+    assert len(buffer) == 2 and buffer._fifo_length == 2
+    buffer.add(make_batch(list(range(10, 3009)), [1.0] * 2999, seed=2))  # one more than fits
+    assert sorted(buffer.policy_snapshot["question_ids"].tolist()) == [2, *range(10, 3009)]
+    assert_index_consistent(buffer)
 
 
 def test_index_follows_a_bucketer_loaded_elsewhere():
