@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -339,15 +340,14 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--code", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if str(ROOT) not in sys.path:  # a checkout where exgrpo_pl is not installed (the GPU machine)
-        sys.path.insert(0, str(ROOT))
-    if args.worker:
-        if args.code:  # exgrpo_pl.callbacks lives in the checkout's callbacks/ (see pyproject.toml)
-            import exgrpo_pl
+    if args.worker:  # exgrpo_pl comes from PYTHONPATH=--code; its callbacks/ lives beside it (pyproject.toml)
+        import exgrpo_pl
 
-            exgrpo_pl.__path__.append(args.code)
+        exgrpo_pl.__path__.append(args.code)
         print(json.dumps(worker(json.loads(args.worker))), flush=True)
         return
+    sys.path.append(str(ROOT))  # for a checkout where exgrpo_pl is not installed (the GPU machine)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # killed: still remove the worktree and the worker
     key = "quick" if args.quick else args.device
     work = dict(WORK[key])
     if args.micro_batch_size:
