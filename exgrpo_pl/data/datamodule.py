@@ -211,6 +211,12 @@ class _ResumableLoader(StatefulDataLoader):
             if self.before_pass is not None:
                 self.before_pass()
             self.sampler.begin_pass()
+            if len(self) == 0:  # an epoch without a step: Lightning would run such epochs forever
+                raise RuntimeError(
+                    f"only {len(self.sampler.order)} of {len(self.sampler.question_ids)} training questions"
+                    f" are left (the others are retired), fewer than one batch of {self.batch_size}"
+                    " (drop_last=True); nothing is left to train on"
+                )
         iterator = super().__iter__()
         self._taken_at_start = iterator._num_yielded
         return iterator

@@ -114,6 +114,15 @@ def test_excluded_questions_skipped_from_next_epoch():
     assert dm.excluded_question_ids == frozenset(retired)
 
 
+def test_fewer_left_than_a_batch_is_a_clear_error():
+    dm = make_dm()
+    loader = dm.train_dataloader()
+    epoch_ids(loader)
+    dm.exclude_questions(row["id"] for row in dm.train_rows[:33])  # retired during training
+    with pytest.raises(RuntimeError, match="only 3 of 36 training questions are left .* batch of 4"):
+        iter(loader)
+
+
 def test_all_retired_is_a_clear_error():
     dm = make_dm()
     dm.exclude_questions(row["id"] for row in dm.train_rows)
