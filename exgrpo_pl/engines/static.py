@@ -27,8 +27,9 @@ from exgrpo_pl.rollout import position_ids_from_mask
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Default row counts a batch is padded up to (steps of 1.5x keep the padding under a third)."""
 
-LENGTH_BUCKETS = (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
-"""Default KV-cache lengths (prompt + budget rounded up): every decode step attends over the whole cache."""
+LENGTH_BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+"""Default KV-cache lengths (prompt + budget rounded up, at most 1.5x): every decode step attends over the
+whole cache, so its padding costs reads as well as memory."""
 
 
 def bucket_size(n: int, buckets: tuple[int, ...]) -> int:
@@ -125,13 +126,15 @@ def _pick(logits: Tensor, state: _Bucket, greedy: bool, nucleus: bool) -> None:
         token = logits.argmax(-1)  # [R]
         logp = torch.zeros_like(logits[:, 0])  # [R]
     else:
-        logprobs = (logits / state.temperature).log_softmax(-1)  # [R, V]
-        candidates = _nucleus(logprobs, state.top_p) if nucleus else logprobs
+        scaled = logits / state.temperature  # [R, V]
+        log_norm = scaled.logsumexp(-1, keepdim=True)  # [R, 1]
+        candidates = _nucleus(scaled - log_norm, state.top_p) if nucleus else scaled
         # Gumbel-max: argmax(log p - log E) with E ~ Exp(1) is a draw from p, without a host sync (multinomial
         # is not capturable in a CUDA graph). E = -log U > 0 for U in [0, 1), so no NaN whatever is -inf.
-        exponential = -torch.rand_like(logprobs).log()  # [R, V]
+        # Compiled, this is one pass over the logits (the noise is drawn in registers) plus the logsumexp.
+        exponential = -torch.rand_like(scaled).log()  # [R, V]
         token = (candidates - exponential.log()).argmax(-1)  # [R]
-        logp = logprobs.gather(-1, token[:, None]).squeeze(-1)  # [R]
+        logp = (scaled.gather(-1, token[:, None]) - log_norm).squeeze(-1)  # [R]
     token = torch.where(state.finished, state.pad, token)
     logp = logp.masked_fill(state.finished, 0.0)
     state.tokens.index_copy_(1, state.step.view(1), token[:, None])

@@ -87,7 +87,7 @@ def test_sampled_logps_are_those_the_training_forward_computes(embedded, tiny, t
         assert_consistent(got)
         scored, _ = completion_logps(model, ids, mask, got.ids, got.mask, temperature, with_entropy=False)
         assert torch.allclose(got.logps[got.mask], scored[got.mask], atol=1e-5)
-        assert (got.logps[got.mask] < 0).all()
+        assert (got.logps[got.mask] <= 0).all() and (got.logps[got.mask] < 0).any()
 
 
 def test_the_same_seed_gives_the_same_samples(tiny):
@@ -216,8 +216,10 @@ def test_compiled_step_equals_eager_and_hf(tiny):
         HFEngine(model).generate(ids, mask, sampling(8)), engine.generate(ids, mask, sampling(8))
     )
     graphs = counters["stats"]["unique_graphs"]
-    engine.generate(ids[:4], mask[:4], sampling(12))  # same bucket (8 rows x 64)
+    engine.generate(ids, mask, sampling(12))  # 8 rows x 64 slots again: no new graph, no new cache
     assert counters["stats"]["unique_graphs"] == graphs and engine.allocations == 1
+    engine.generate(ids[1:], mask[1:], sampling(12))  # 4 rows: a new bucket, compiled once
+    assert counters["stats"]["unique_graphs"] == graphs + 1 and engine.allocations == 2
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.mul_(-1.5)  # in place, as an optimizer step
@@ -229,3 +231,19 @@ def test_compiled_step_equals_eager_and_hf(tiny):
     scored, _ = completion_logps(model, ids, mask, got.ids, got.mask, 1.0, with_entropy=False)
     assert torch.allclose(got.logps[got.mask], scored[got.mask], atol=1e-5)
     assert_consistent(got)
+
+
+@pytest.mark.slow
+def test_compiled_step_on_a_lora_policy_in_train_mode(embedded):
+    peft = pytest.importorskip("peft")
+    _, ids, mask = embedded
+    config = peft.LoraConfig(
+        task_type="CAUSAL_LM",
+        r=4,
+        lora_alpha=64,
+        target_modules=["q_proj", "v_proj"],
+        init_lora_weights=False,
+    )
+    policy = peft.get_peft_model(load_policy("embedded:tiny-arith"), config).train()  # as during training
+    got = StaticCacheEngine(policy, compile=True).generate(ids, mask, sampling(8))
+    assert_same_completions(HFEngine(policy).generate(ids, mask, sampling(8)), got)
