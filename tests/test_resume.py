@@ -1,47 +1,220 @@
-"""Resume equivalence: 2 epochs straight == 1 epoch, checkpoint, 1 more epoch (model, buffer, counters)."""
+"""Exact resume: N steps straight == N/2 steps, a checkpoint, then the rest, bitwise (weights, optimizer
+state, replay buffer, replay/sampling/data generators and position, logged rewards): stopped mid-epoch and
+at an epoch's end, in swap and mix mode, and from the newest complete checkpoint after a SIGKILL. Also the
+pieces: `resumable_fit_progress` and the per-rank RNG states."""
 
+import csv
+import multiprocessing
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
 import torch
 from conftest import tiny_module
 from exgrpo_pl.callbacks import ReplayCallback
-from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.loggers import CSVLogger
 
+from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.resume import restore_rng_states, resumable_fit_progress, rng_states
+
+ROWS, BATCH, STEPS = 12, 4, 6  # 3 steps an epoch, fewer once questions are retired
 
 
-def train(tmp_path, model_dir, epochs, ckpt_path=None):
+@dataclass
+class Run:
+    module: ExGRPOModule
+    replay: ReplayCallback
+    trainer: Trainer
+    data: PromptDataModule
+
+
+def train(root: Path, model_dir, mode, steps, ckpt_path=None, callbacks=(), **checkpointing) -> Run:
+    """The tiny GRPO module with replay from the first step and retirement after 2 solved rollouts."""
     seed_everything(0)
     module = tiny_module(model_dir)
-    replay = ReplayCallback(mode="mix", min_buffer_size=1, replay=SelectiveReplay("uniform", 0.5))
+    replay = ReplayCallback(
+        mode=mode,
+        min_buffer_size=1,
+        replay=SelectiveReplay("uniform", replay_probability=0.5),
+        buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4)),
+    )
+    checkpoint = SafeModelCheckpoint(dirpath=root / "checkpoints", save_last="link", **checkpointing)
     trainer = Trainer(
-        max_epochs=epochs,
-        limit_train_batches=3,
-        limit_val_batches=0,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=[replay, ModelCheckpoint(dirpath=tmp_path, save_last=True)],
-    )
-    trainer.fit(
-        module, PromptDataModule(synthetic=ArithmeticTask(64, seed=1), batch_size=4), ckpt_path=ckpt_path
-    )
-    return module, replay
+        max_steps=steps, accelerator="cpu", logger=CSVLogger(root, name="log"), log_every_n_steps=1,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=root,
+        plugins=[AtomicCheckpointIO()], callbacks=[replay, checkpoint, *callbacks],
+    )  # fmt: skip
+    data = PromptDataModule(synthetic=ArithmeticTask(ROWS, seed=1), batch_size=BATCH, val_fraction=0.0)
+    trainer.fit(module, data, ckpt_path=ckpt_path)
+    return Run(module, replay, trainer, data)
 
 
-def test_resumed_training_matches_uninterrupted_training(tmp_path, tiny_model_dir):
-    straight, straight_replay = train(tmp_path / "a", tiny_model_dir, epochs=2)
-    train(tmp_path / "b", tiny_model_dir, epochs=1)
-    resumed, resumed_replay = train(
-        tmp_path / "b", tiny_model_dir, epochs=2, ckpt_path=tmp_path / "b" / "last.ckpt"
+def final_state(run: Run) -> dict:
+    """Everything a later step depends on."""
+    optimizer = run.trainer.optimizers[0].state_dict()
+    return {
+        "weights": run.module.policy.state_dict(),
+        "optimizer": optimizer["state"],
+        "learning_rate": [group["lr"] for group in optimizer["param_groups"]],
+        "buffer": run.replay.buffer.state_dict(),
+        "replay_generators": run.replay.replay.state_dict(),
+        "sampling_generator": torch.get_rng_state(),
+        "data": run.trainer.train_dataloader.state_dict(),
+        "retired": sorted(run.data.excluded_question_ids),
+        "counters": [run.replay.replayed_steps, run.replay.fallback_steps, run.replay.pass_rate_reached],
+        "tokens": [run.module.generated_tokens, run.module.num_tokens],
+        "progress": [run.trainer.global_step, run.trainer.current_epoch],
+    }
+
+
+def logged(run: Run, key="train/reward") -> dict[int, str]:
+    with open(os.path.join(run.trainer.logger.log_dir, "metrics.csv")) as file:
+        return {int(row["step"]): row[key] for row in csv.DictReader(file) if row.get(key)}
+
+
+def assert_same(a, b, path="state"):
+    """Equal structure, bitwise-equal tensors."""
+    assert type(a) is type(b), path
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_same(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), path
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, tiny_model_dir):
+    """The uninterrupted run of each mode, trained once for all the tests that compare with it."""
+    runs = {}
+
+    def get(mode):
+        if mode not in runs:
+            root = tmp_path_factory.mktemp(f"straight-{mode}")
+            run = train(root, tiny_model_dir, mode, STEPS)
+            runs[mode] = (final_state(run), logged(run), run)
+        return runs[mode]
+
+    return get
+
+
+def check_resumed(straight_run, resumed: Run, stop: int) -> None:
+    state, rewards, run = straight_run
+    assert_same(state, final_state(resumed))
+    assert resumed.replay.replayed_steps > 0 and resumed.data.excluded_question_ids
+    resumed_rewards = logged(resumed)
+    assert sorted(resumed_rewards) == list(range(stop, STEPS))
+    assert resumed_rewards == {step: rewards[step] for step in range(stop, STEPS)}
+    assert logged(resumed, "epoch") == {step: logged(run, "epoch")[step] for step in range(stop, STEPS)}
+
+
+@pytest.mark.parametrize("mode", ["swap", pytest.param("mix", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("stop", [3, 4], ids=["at the end of epoch 0", "mid epoch 1"])
+def test_a_resumed_run_is_the_uninterrupted_run_bitwise(tmp_path, tiny_model_dir, straight, mode, stop):
+    first = train(tmp_path, tiny_model_dir, mode, stop)
+    # Questions were retired before the stop: epoch 1 leaves them out, in both runs.
+    assert first.replay.buffer.bucketer.retired and first.replay.replayed_steps > 0
+    resumed = train(tmp_path, tiny_model_dir, mode, STEPS, ckpt_path="last")
+    check_resumed(straight(mode), resumed, stop)
+
+
+class KillDuringStep(Callback):
+    """SIGKILLs its own process in the middle of training step `step` (after generation, before the
+    update): nothing of that step is saved."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _killed_run(root, model_dir, mode, step) -> None:
+    torch.set_num_threads(1)
+    train(Path(root), model_dir, mode, STEPS, callbacks=[KillDuringStep(step)], every_n_train_steps=1)
+
+
+def test_after_a_sigkill_the_newest_complete_checkpoint_resumes_bitwise(tmp_path, tiny_model_dir, straight):
+    kill_at = 4  # mid epoch 1, so the checkpoint holds a position inside a pass
+    process = multiprocessing.get_context("fork").Process(
+        target=_killed_run, args=(str(tmp_path), tiny_model_dir, "swap", kill_at)
+    )
+    process.start()
+    process.join(300)
+    assert process.exitcode == -signal.SIGKILL
+    resumed = train(tmp_path, tiny_model_dir, "swap", STEPS, ckpt_path="last")
+    check_resumed(straight("swap"), resumed, kill_at)
+
+
+# The pieces
+
+
+def progress(checkpoint):
+    loop = checkpoint["loops"]["fit_loop"]
+    epochs, batches = loop["epoch_progress"]["total"], loop["epoch_loop.batch_progress"]["total"]
+    return (
+        [epochs[k] for k in ("ready", "started", "processed", "completed")],
+        [batches[k] for k in ("ready", "started", "processed", "completed")],
+        loop["epoch_loop.state_dict"]["_batches_that_stepped"],
     )
 
-    for a, b in zip(straight.policy.parameters(), resumed.policy.parameters()):
-        assert torch.allclose(a, b, atol=1e-6)
-    assert straight.generated_tokens == resumed.generated_tokens > 0
-    assert straight_replay.replayed_steps == resumed_replay.replayed_steps > 0
-    a, b = straight_replay.buffer.state_dict(), resumed_replay.buffer.state_dict()
-    assert len(straight_replay.buffer) == len(resumed_replay.buffer)
-    assert torch.equal(a["question_id"], b["question_id"])
+
+@pytest.fixture(scope="module")
+def saved_at_step_3(tmp_path_factory, tiny_model_dir):
+    """Checkpoints of one run, each saved at step 3 (the end of epoch 0) by a different hook."""
+    root = tmp_path_factory.mktemp("kinds")
+
+    class SaveAtTrainEnd(Callback):
+        def on_train_end(self, trainer, pl_module):
+            trainer.save_checkpoint(root / "train_end.ckpt")
+
+    seed_everything(0)
+    trainer = Trainer(
+        max_steps=3, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, default_root_dir=root, callbacks=[
+            SafeModelCheckpoint(root, "every-{step}", every_n_train_steps=1, save_top_k=-1),
+            SafeModelCheckpoint(root, "epoch-{step}", save_top_k=-1), SaveAtTrainEnd(),
+        ],
+    )  # fmt: skip
+    data = PromptDataModule(synthetic=ArithmeticTask(ROWS, seed=1), batch_size=BATCH, val_fraction=0.0)
+    trainer.fit(tiny_module(tiny_model_dir), data)
+    names = {"batch": "every-step=3.ckpt", "epoch": "epoch-step=3.ckpt", "end": "train_end.ckpt"}
+    return {kind: torch.load(root / name, weights_only=True) for kind, name in names.items()}
+
+
+def test_epoch_and_train_end_checkpoints_get_the_progress_of_the_batch_end_one(saved_at_step_3):
+    batch, epoch, end = (saved_at_step_3[k] for k in ("batch", "epoch", "end"))
+    assert progress(batch) == ([1, 1, 0, 0], [3, 3, 3, 2], 2)  # what Lightning resumes exactly from
+    assert progress(epoch) == ([1, 1, 1, 0], [3, 3, 3, 3], 3)
+    assert progress(end) == ([1, 1, 1, 1], [3, 3, 3, 3], 3)
+    for checkpoint in (epoch, end):
+        assert resumable_fit_progress(checkpoint)
+        assert progress(checkpoint) == progress(batch)
+        assert not resumable_fit_progress(checkpoint)  # once only
+    assert not resumable_fit_progress(batch)
+    assert not resumable_fit_progress({"state_dict": {}})  # a weights-only checkpoint
+
+
+def test_rng_states_round_trip_on_one_process():
+    torch.manual_seed(3)
+    states = rng_states()
+    assert len(states["cpu"]) == len(states["cuda"]) == 1
+    expected = torch.rand(4)
+    torch.manual_seed(4)
+    restore_rng_states(states)
+    assert torch.equal(torch.rand(4), expected)

@@ -1,5 +1,6 @@
-"""ReplayCallback under 2-process DDP on CPU (gloo): same decisions on every rank, per-rank checkpoints, and
-the same number of rescoring forwards on every rank when the strategy needs it."""
+"""ReplayCallback under 2-process DDP on CPU (gloo): same decisions on every rank, per-rank checkpoints, the
+same number of rescoring forwards on every rank when the strategy needs it, and a resumed run that is the
+uninterrupted one on every rank."""
 
 import json
 
@@ -10,15 +11,20 @@ from conftest import tiny_module
 from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.callbacks import replay as replay_callback
 from lightning.pytorch import Callback, Trainer, seed_everything
+from test_resume import assert_same
 
+from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.difficulty import DifficultyBucketer
 from exgrpo_pl.replay import SelectiveReplay
 
 pytestmark = pytest.mark.multiprocess
 
 
-def fit_two_ranks(module, callbacks, max_steps, **trainer_kwargs) -> None:
-    """`module` trained by two forked CPU processes (gloo) on the arithmetic task, 2 prompts per step."""
+def fit_two_ranks(module, callbacks, max_steps, rows=64, ckpt_path=None, **trainer_kwargs) -> None:
+    """`module` trained by two forked CPU processes (gloo) on `rows` arithmetic questions, 2 prompts per
+    step on each rank."""
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
@@ -31,7 +37,8 @@ def fit_two_ranks(module, callbacks, max_steps, **trainer_kwargs) -> None:
         callbacks=callbacks,
         **trainer_kwargs,
     )
-    trainer.fit(module, datamodule=PromptDataModule(synthetic=ArithmeticTask(64, seed=1), batch_size=2))
+    data = PromptDataModule(synthetic=ArithmeticTask(rows, seed=1), batch_size=2, val_fraction=0.0)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
 
 
 class RecordDecisions(Callback):
@@ -149,3 +156,68 @@ def test_rescoring_runs_the_same_number_of_forwards_on_every_rank_when_synced(
     else:  # DDP: each rank runs only its own micro-batches, no collective, no padding
         for rank, own in zip(ranks, needed):
             assert rank["forwards"][1:] == own
+
+
+# Resume
+
+
+class SaveRankState(Callback):
+    """Records each step's rewards and replay decision, and saves this rank's final state to
+    `<out_dir>/<name>-rank<r>.pt`."""
+
+    def __init__(self, out_dir, name):
+        self.path, self.steps = str(out_dir / f"{name}-rank{{rank}}.pt"), []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        rollouts = outputs["rollouts"]
+        self.steps.append((trainer.global_step, rollouts.rewards.clone(), bool(rollouts.replayed.any())))
+
+    def on_train_end(self, trainer, pl_module):
+        replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
+        state = {
+            "steps": self.steps,
+            "weights": pl_module.policy.state_dict(),
+            "optimizer": trainer.optimizers[0].state_dict()["state"],
+            "buffer": replay.buffer.state_dict(),
+            "replay_generators": replay.replay.state_dict(),
+            "sampling_generator": torch.get_rng_state(),
+            "data": trainer.train_dataloader.state_dict(),
+            "retired": sorted(replay.buffer.bucketer.retired),
+            "excluded": sorted(trainer.datamodule.excluded_question_ids),
+        }
+        torch.save(state, self.path.format(rank=trainer.global_rank))
+
+
+def fit_resumable(root, model_dir, name, max_steps, ckpt_path=None):
+    seed_everything(0)
+    replay = ReplayCallback(
+        mode="swap",
+        min_buffer_size=1,
+        replay=SelectiveReplay(strategy="uniform", replay_probability=0.5),
+        buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4)),
+    )
+    module = tiny_module(model_dir, num_generations=2, max_completion_length=3)
+    checkpoint = SafeModelCheckpoint(dirpath=root / "checkpoints", save_last="link")
+    fit_two_ranks(
+        module, [replay, checkpoint, SaveRankState(root, name)], max_steps, rows=12, ckpt_path=ckpt_path,
+        default_root_dir=root, plugins=[AtomicCheckpointIO()],
+    )  # fmt: skip
+    return [torch.load(root / f"{name}-rank{r}.pt", weights_only=True) for r in range(2)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [3, 4], ids=["at the end of epoch 0", "mid epoch 1"])
+def test_a_resumed_two_rank_run_is_the_uninterrupted_run_on_every_rank(tmp_path, tiny_model_dir, stop):
+    """12 questions, 2 a step on each of 2 ranks: 3 steps an epoch."""
+    straight = fit_resumable(tmp_path / "straight", tiny_model_dir, "straight", 6)
+    first = fit_resumable(tmp_path / "split", tiny_model_dir, "first", stop)
+    resumed = fit_resumable(tmp_path / "split", tiny_model_dir, "resumed", 6, ckpt_path="last")
+    # Questions were retired before the stop (epoch 1 leaves them out), and steps replayed.
+    assert first[0]["retired"] + first[1]["retired"] and any(replayed for *_, replayed in first[0]["steps"])
+    assert [step for step, *_ in resumed[0]["steps"]] == list(range(stop + 1, 7))
+    for rank in range(2):
+        straight[rank]["steps"] = straight[rank]["steps"][stop:]
+        assert_same(straight[rank], resumed[rank], f"rank {rank}")
+    assert straight[0]["excluded"] and not straight[0]["buffer"]["question_id"].equal(
+        straight[1]["buffer"]["question_id"]
+    )
