@@ -7,7 +7,9 @@ curves (val pass@1 against generated tokens) to benchmarks/results/learning.png.
     python benchmarks/learning.py --jobs 2     # the same, two runs at a time with one thread each
 
 Each run is `exgrpo fit` of a shipped config, stopped when its module has generated the token budget; the
-ablations change one knob of configs/exgrpo_paper.yaml. Not a timed test: a measurement to read.
+ablations change one knob of configs/exgrpo_paper.yaml. Seed s is `--seed_everything=s`, from which the
+run derives its data order, replay draws, rollout and validation samples, so the seeds are independent runs
+(a config that pins the data or replay seed is refused). Not a timed test: a measurement to read.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def run(
         "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={workdir}",
     ]  # fmt: skip
     cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
+    _check_seeds_follow_the_run(cli, config)
     if change is not None:
         change(cli)
     cli.trainer.callbacks.extend([TokenBudget(budget), *callbacks])
@@ -107,6 +110,21 @@ def run(
         known = [s for s in tokens if s <= event.step]
         curve.append((tokens[max(known)] if known else 0.0, event.value))
     return curve
+
+
+def _check_seeds_follow_the_run(cli, config: str) -> None:
+    """Refuses a config that pins the data order or the replay draws: every seed would share them."""
+    pinned = []
+    if cli.datamodule.hparams.seed is not None:
+        pinned.append(f"data.seed={cli.datamodule.hparams.seed}")
+    for callback in cli.trainer.callbacks:
+        if isinstance(callback, ReplayCallback) and not callback.replay.follows_run_seed:
+            pinned.append(f"the replay seed {callback.replay.seed}")
+    if pinned:
+        raise ValueError(
+            f"configs/{config}.yaml pins {' and '.join(pinned)}: the seeds of this benchmark would share that"
+            " stream. Leave it unset (None), so that it follows --seed_everything."
+        )
 
 
 def main() -> None:
