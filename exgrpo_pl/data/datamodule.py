@@ -2,8 +2,9 @@
 
 Questions can be retired (ExGRPO stops sampling questions every rollout already solves):
 `exclude_questions(ids)` drops them from every training pass (epoch) that begins afterwards, and the
-excluded ids travel in the datamodule's `state_dict`, so a resumed run keeps them retired. Lightning begins
-the pass of epoch e >= 1 after `on_train_epoch_start`, so ids excluded in that hook already leave epoch e.
+excluded ids travel in the datamodule's `state_dict`, so a resumed run keeps them retired. A hook given to
+`add_pass_hook` runs right before each pass is drawn (`ReplayCallback` retires questions there); Lightning
+draws the pass of epoch e >= 1 after `on_train_epoch_start`, so ids excluded in that hook leave epoch e too.
 
 The training sampler shards each pass across ranks itself (Lightning leaves it unwrapped): every rank runs
 the same number of steps (no collective waits on a rank that ran out), retired questions never reappear,
@@ -12,8 +13,9 @@ the same ids on every rank; otherwise the ranks' shards overlap. On a single dev
 shorter; the progress bar keeps the length it measured at the start of training.
 
 Resume: the training loader is a torchdata `StatefulDataLoader`; Lightning saves its state (the current
-pass's order and how many batches were taken) in each checkpoint and restores it, so a run resumed mid-epoch
-trains on exactly the batches the uninterrupted run would have, and the epochs after it in the same order.
+pass's seed, number and order, and how many batches were taken) in each checkpoint and restores it, so a
+resumed run trains on exactly the batches the uninterrupted run would have, in every later epoch too.
+Iterating the loader begins its passes; nothing in it draws from torch's global generator.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class ExcludingRandomSampler(DistributedSampler):
         return [index for index, qid in enumerate(self.question_ids) if qid not in self.excluded]
 
     def begin_pass(self) -> None:
-        """Draws the order of epoch `epoch` over the questions not excluded now."""
+        """Draws the order of pass `epoch` over the questions not excluded now."""
         active = self._active()
         if not active:
             raise RuntimeError(

@@ -321,6 +321,18 @@ def test_a_loader_restored_mid_pass_goes_on_where_it_stopped():
     assert not set(following) & set(taken[0])
 
 
+def test_a_loader_with_worker_processes_resumes_too():
+    loader = make_dm(seed=3, num_workers=2).train_dataloader()
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    state = loader.state_dict()
+    rest, following = [b["question_id"].tolist() for b in iterator], epoch_ids(loader)
+    restored = make_dm(seed=3, num_workers=2).train_dataloader()
+    restored.load_state_dict(state)
+    assert [b["question_id"].tolist() for b in restored] == rest and epoch_ids(restored) == following
+
+
 def test_a_pass_saved_at_its_end_resumes_with_the_next_pass():
     dm = make_dm(seed=3)
     loader = dm.train_dataloader()
