@@ -4,7 +4,9 @@ Lightning's `seed_everything(seed)` (the `seed_everything:` key of a config) see
 which samples the rollouts, and records the seed in the environment (`PL_GLOBAL_SEED`, inherited by every
 DDP rank). The training data's order, the replay decisions and the validation samples come from generators
 of their own, seeded by `derive_seed(purpose)` from that same run seed: two runs with different seeds differ
-in all of them, and the same seed reproduces a run exactly. Core module: no Lightning import.
+in all of them, and the same seed reproduces a run exactly. A checkpoint holds the state of every stream
+(the global generators of each rank, the data pass and position, the replay generators), so a resumed run
+goes on with them whatever seed it is started with. Core module: no Lightning import.
 """
 
 from __future__ import annotations
