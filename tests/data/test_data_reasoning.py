@@ -6,10 +6,23 @@ import random
 from collections import Counter
 
 import pytest
+import torch
+from lightning import Trainer, seed_everything
+from lightning.pytorch.loggers import CSVLogger
 
-from exgrpo_pl.data import REASONING_ALPHABET, REASONING_FAMILIES, ReasoningTask, write_derivation
+from exgrpo_pl.batch import pad_sequences
+from exgrpo_pl.data import (
+    REASONING_ALPHABET,
+    REASONING_FAMILIES,
+    PromptDataModule,
+    ReasoningTask,
+    write_derivation,
+)
+from exgrpo_pl.models import load_policy, load_tokenizer
+from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.rewards import ReasoningReward
 from exgrpo_pl.rewards.reasoning import parse_terms
+from exgrpo_pl.rollout import completion_logps, sample_completions
 
 ROWS = ReasoningTask().rows()
 
@@ -103,3 +116,62 @@ def test_the_writer_always_verifies_and_stays_short():
             assert len(set(derivations)) == n  # distinct terms: every order reads differently
         lengths += [len(d) for d in derivations]
     assert max(lengths) <= 28 and sorted(lengths)[len(lengths) * 9 // 10] <= 24
+
+
+def sample(prompts, max_new_tokens=29):
+    """One T = 1 completion of the shipped policy per prompt: `(texts, mean token entropies [N])`."""
+    tokenizer, policy = load_tokenizer("embedded:tiny-reasoning"), load_policy("embedded:tiny-reasoning")
+    ids, mask = pad_sequences(
+        [torch.tensor(tokenizer(p)["input_ids"]) for p in prompts], left=True, pad_value=0
+    )
+    completion_ids, completion_mask, _ = sample_completions(
+        policy, ids, mask, max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0,
+        pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
+    )  # fmt: skip
+    with torch.no_grad():
+        _, entropy = completion_logps(policy, ids, mask, completion_ids, completion_mask)  # [N, C]
+    mean_entropy = (entropy * completion_mask).sum(1) / completion_mask.sum(1)  # [N]
+    return tokenizer.batch_decode(completion_ids, skip_special_tokens=True), mean_entropy
+
+
+def test_the_shipped_policy_is_right_in_several_ways_with_different_entropies():
+    torch.manual_seed(0)
+    prompt = "3+5+2="
+    texts, entropy = sample([prompt] * 64)
+    scores = ReasoningReward(check_steps=True)([prompt] * 64, texts, ["10"] * 64)
+    right = [i for i, score in enumerate(scores) if score]
+    assert len({texts[i] for i in right}) >= 3
+    assert len({round(entropy[i].item(), 4) for i in right}) >= 3
+
+
+@pytest.mark.slow
+def test_the_shipped_policy_starts_weak_easy_families_first():
+    torch.manual_seed(0)
+    _, val = ReasoningTask(num_questions=20000).split(0.025)
+    texts, _ = sample([row["prompt"] for row in val])
+    scores = ReasoningReward(check_steps=True)([r["prompt"] for r in val], texts, [r["answer"] for r in val])
+    by_family = {f: [s for s, r in zip(scores, val) if r["domain"] == f] for f in REASONING_FAMILIES}
+    rate = {f: sum(s) / len(s) for f, s in by_family.items()}
+    assert 0.15 <= sum(scores) / len(scores) <= 0.55
+    assert rate["add3_1d"] > rate["add3_2d"] and rate["mix3_1d"] > rate["mix3_2d"]
+
+
+def test_a_trainer_run_on_the_task_with_the_embedded_policy(tmp_path):
+    seed_everything(0)
+    module = ExGRPOModule(
+        model_name_or_path="embedded:tiny-reasoning", reward_funcs=[ReasoningReward(check_steps=True)],
+        num_generations=4, max_completion_length=29, learning_rate=3e-4,
+    )  # fmt: skip
+    data = PromptDataModule(synthetic=ReasoningTask(num_questions=400), batch_size=4, val_batch_size=40)
+    trainer = Trainer(
+        max_steps=3, accelerator="cpu", logger=CSVLogger(tmp_path), enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1, val_check_interval=3,
+        num_sanity_val_steps=0, default_root_dir=tmp_path,
+    )  # fmt: skip
+    module.configure_model()
+    before = [p.detach().clone() for p in module.policy.parameters()]
+    trainer.fit(module, datamodule=data)
+    assert trainer.global_step == 3
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))
+    assert 0.0 < float(trainer.callback_metrics["val/pass@1"]) < 1.0
+    assert 0.0 < float(trainer.logged_metrics["train/reward"]) <= 1.0
