@@ -6,7 +6,8 @@ DDP rank). The training data's order, the replay decisions and the validation sa
 of their own, seeded by `derive_seed(purpose)` from that same run seed: two runs with different seeds differ
 in all of them, and the same seed reproduces a run exactly. A checkpoint holds the state of every stream
 (the global generators of each rank, the data pass and position, the replay generators), so a resumed run
-goes on with them whatever seed it is started with. Core module: no Lightning import.
+trains on as the checkpointed one would have, whatever seed it is started with (its validation samples
+follow the seed it is given). Core module: no Lightning import.
 """
 
 from __future__ import annotations
