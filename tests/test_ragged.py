@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.batch import pad_sequences
-from exgrpo_pl.ragged import GARBAGE_FRACTION, GroupIndex, RaggedStore, row_hashes
+from exgrpo_pl.ragged import GARBAGE_FRACTION, ROW_COPY_WIDTH, GroupIndex, RaggedStore, row_hashes
 
 
 def store_with(rows: dict[int, np.ndarray]) -> RaggedStore:
@@ -75,6 +75,20 @@ def test_padded_matches_pad_sequences(lengths, left):
     wide, wide_mask = store.padded(order, left=left, dtypes={"ids": np.int64})
     assert wide["ids"].dtype == np.int64 and wide["logps"].dtype == np.float32
     assert torch.equal(torch.from_numpy(wide["ids"]), ref) and np.array_equal(wide_mask, mask)
+
+
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("lengths", [[300, 0, 257, 5], [ROW_COPY_WIDTH - 1, 3], [0, 0]])
+def test_padded_wide_and_narrow_rows_match_pad_sequences(lengths, left):
+    """Both ways of padding: row by row (ROW_COPY_WIDTH and wider) and one gather (narrower)."""
+    rows = {i: np.arange(1, n + 1, dtype=np.int32) * (i + 1) for i, n in enumerate(lengths)}
+    store = store_with(rows)
+    order = np.array([1, 0, *range(2, len(lengths))], dtype=np.int64)
+    padded, mask = store.padded(order, left=left, dtypes={"ids": np.int64})
+    ref, ref_mask = pad_sequences([torch.from_numpy(rows[i]).long() for i in order.tolist()], left=left)
+    assert torch.equal(torch.from_numpy(padded["ids"]), ref) and padded["ids"].dtype == np.int64
+    assert torch.equal(torch.from_numpy(padded["logps"]), -ref.float())
+    assert torch.equal(torch.from_numpy(mask), ref_mask)
 
 
 def test_release_is_idempotent_and_ignores_free_slots():
