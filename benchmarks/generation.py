@@ -11,12 +11,17 @@ reads ignored). Rows sample at temperature 1 with EOS disabled, so every row gen
 all engines do the same work (`--eos model` keeps the model's EOS). Results go to
 benchmarks/results/generation.{json,png}, one entry per mode.
 
-    python benchmarks/generation.py --mode embedded   # CPU: the shipped 0.3M-parameter policy, 64 x 64 tokens
-    python benchmarks/generation.py --mode small      # CPU: a random ~10M-parameter Qwen2, 32 x 128 tokens
-    python benchmarks/generation.py --mode gpu        # CUDA: a random 1.5B-shaped Qwen2 in bf16, 128 x 256
+    python benchmarks/generation.py --mode embedded --threads 1   # CPU: the shipped 0.3M policy, 64 x 64
+    python benchmarks/generation.py --mode small --threads 1      # CPU: a random ~10M Qwen2, 32 x 128 tokens
 
-The GPU mode is one command on the device machine (about 6 minutes on an H200, most of it `hf` and the two
-compilations); `--bandwidth` sets the memory bandwidth of the roofline (default: the H200's 4.8e12 B/s).
+On a GPU machine, from the repository root (results come back through $OUT):
+
+    PYTHONPATH=. python benchmarks/generation.py --mode gpu && cp benchmarks/results/generation.* $OUT/
+
+That is a random 1.5B-shaped Qwen2 in bf16, 128 rows x 256 tokens, an estimated 5 minutes on an H200, most
+of it `hf` and two compilations (`--engines hf static` checks the target alone). `--bandwidth` sets the
+memory bandwidth of the roofline (default: the H200's 4.8e12 B/s spec). On a CPU shared with other jobs pass
+`--threads 1`: otherwise OpenMP threads waiting for busy cores dominate every engine's time.
 """
 
 from __future__ import annotations

@@ -261,7 +261,7 @@ class StaticCacheEngine:
         state.load(prompt_mask, sampling)
         greedy, nucleus = sampling.temperature <= 0, sampling.top_p < 1
         step = self._step_function(device)
-        graphs = step is not _decode_step and device.type == "cuda"
+        cuda_graphs = step is not _decode_step and device.type == "cuda"
 
         logits = self.model(
             input_ids=prompt_ids,
@@ -272,18 +272,21 @@ class StaticCacheEngine:
             logits_to_keep=1,
         ).logits[:, -1]  # [R, V]
         _pick(logits.float(), state, greedy, nucleus)
-        recompiles = max(torch._dynamo.config.recompile_limit, 8 * self.max_buckets)
-        with torch._dynamo.config.patch(recompile_limit=recompiles):
+        # One graph per bucket and variant (greedy / sampled / nucleus, train / eval mode): more than dynamo's
+        # default of 8 per function before it gives up and runs the step eagerly.
+        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        graphs_allowed = max(getattr(torch._dynamo.config, limit), 8 * self.max_buckets)
+        with torch._dynamo.config.patch(**{limit: graphs_allowed}):
             for done in range(1, budget):
                 if done % self.stop_check_interval == 0 and bool(state.finished.all()):
                     break
-                if graphs:
+                if cuda_graphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 step(self.model, state, greedy, nucleus)
-        return self._completions(state, rows, sampling)
+        return self._completions(state, rows)
 
     @staticmethod
-    def _completions(state: _Bucket, rows: int, sampling: SamplingConfig) -> Completions:
+    def _completions(state: _Bucket, rows: int) -> Completions:
         """The first `rows` rows, cut to the longest completion (as `generate` stops when all are done)."""
         tokens = state.tokens[:rows, : int(state.step)]  # [N, S]
         is_eos = (tokens[..., None] == state.eos).any(-1)  # [N, S]
