@@ -42,8 +42,10 @@ class Completions:
         ids: `[N, C]` long completion tokens, `pad_token_id` after the first EOS (C <= max_new_tokens).
         mask: `[N, C]` bool, True up to and including the first EOS.
         truncated: `[N]` bool, True where the budget ran out before an EOS.
-        logps: `[N, C]` float32 log-probabilities of the sampled tokens under the distribution they were drawn
-            from (temperature applied), 0 on padding; None when the engine does not have them cheaply.
+        logps: `[N, C]` float32 log-probabilities of the sampled tokens under softmax(logits / temperature),
+            before any top-p cut (what the training forward computes for them: a check of the engine's
+            numerics; the trainer takes behaviour log-probs from its own forward), 0 on padding and under
+            greedy decoding; None when the engine does not have them cheaply.
     """
 
     ids: Tensor
