@@ -21,12 +21,14 @@ import torch
 from _sft import encode_examples, pass_at_1, save, supervised_warmup
 from transformers import LlamaForCausalLM
 
-from exgrpo_pl.data.reasoning import REASONING_ALPHABET, ReasoningTask, write_derivation
+from exgrpo_pl.data.reasoning import (
+    MAX_DERIVATION_LENGTH,
+    REASONING_ALPHABET,
+    ReasoningTask,
+    write_derivation,
+)
 from exgrpo_pl.models import ASSETS, build_char_tokenizer, tiny_llama_config
 from exgrpo_pl.rewards import ReasoningReward
-
-# The longest derivation of any family is 28 characters; one more for EOS.
-MAX_NEW_TOKENS = 29
 
 
 def main() -> None:
@@ -74,7 +76,7 @@ def main() -> None:
     )
 
     def evaluate(step: int, loss: float) -> bool:
-        sampled, domains = pass_at_1(model, tokenizer, val_rows, reward, MAX_NEW_TOKENS)
+        sampled, domains = pass_at_1(model, tokenizer, val_rows, reward, MAX_DERIVATION_LENGTH + 1)
         print(f"step {step} loss {loss:.3f}  val pass@1 sampled {sampled:.3f}  {domains}", flush=True)
         return sampled >= args.stop_at
 

@@ -2,13 +2,20 @@
 
 from exgrpo_pl.data.datamodule import ExcludingRandomSampler, PromptDataModule, collate_rows
 from exgrpo_pl.data.loading import load_rows, split_rows
-from exgrpo_pl.data.reasoning import REASONING_ALPHABET, REASONING_FAMILIES, ReasoningTask, write_derivation
+from exgrpo_pl.data.reasoning import (
+    MAX_DERIVATION_LENGTH,
+    REASONING_ALPHABET,
+    REASONING_FAMILIES,
+    ReasoningTask,
+    write_derivation,
+)
 from exgrpo_pl.data.synthetic import ARITHMETIC_ALPHABET, FAMILIES, ArithmeticTask
 from exgrpo_pl.data.task import SyntheticTask
 
 __all__ = [
     "ARITHMETIC_ALPHABET",
     "FAMILIES",
+    "MAX_DERIVATION_LENGTH",
     "ArithmeticTask",
     "ExcludingRandomSampler",
     "PromptDataModule",

@@ -36,6 +36,10 @@ _FAMILIES: dict[str, tuple[int, bool, bool]] = {
 REASONING_FAMILIES = tuple(_FAMILIES)
 """All difficulty families, roughly easiest first within each operand size."""
 
+MAX_DERIVATION_LENGTH = 28
+"""The longest derivation `write_derivation` writes for a question of the task: "9-9-9-9=" from its negatives,
+"-9-9=-18;-18-9=-27;-27+9=-18". A policy needs one more token for EOS."""
+
 # A family whose next this-many draws are all already-used questions counts as exhausted.
 _MAX_REPEATS = 1000
 

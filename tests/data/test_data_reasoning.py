@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from exgrpo_pl.batch import pad_sequences
 from exgrpo_pl.data import (
+    MAX_DERIVATION_LENGTH,
     REASONING_ALPHABET,
     REASONING_FAMILIES,
     PromptDataModule,
@@ -115,10 +116,11 @@ def test_the_writer_always_verifies_and_stays_short():
         if len(set(parse_terms(row["prompt"]))) == num_terms:
             assert len(set(derivations)) == n  # distinct terms: every order reads differently
         lengths += [len(d) for d in derivations]
-    assert max(lengths) <= 28 and sorted(lengths)[len(lengths) * 9 // 10] <= 24
+    assert max(lengths) <= MAX_DERIVATION_LENGTH and sorted(lengths)[len(lengths) * 9 // 10] <= 24
+    assert len(write_derivation("9-9-9-9=", order=[1, 2, 3, 0])) == MAX_DERIVATION_LENGTH  # the longest
 
 
-def sample(prompts, max_new_tokens=29):
+def sample(prompts, max_new_tokens=MAX_DERIVATION_LENGTH + 1):
     """One T = 1 completion of the shipped policy per prompt: `(texts, mean token entropies [N])`."""
     tokenizer, policy = load_tokenizer("embedded:tiny-reasoning"), load_policy("embedded:tiny-reasoning")
     ids, mask = pad_sequences(
