@@ -440,20 +440,19 @@ def choose_in_groups(n: np.ndarray, k: np.ndarray, generator: torch.Generator | 
     g = np.flatnonzero(~shuffle & (k > 0))
     if len(g):
         size, want = n[g], k[g]
-        group, value = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)  # accepted, in draw order
+        span = int(size.max())
+        keys = np.zeros(0, dtype=np.int64)  # group * span + offset of the draws kept so far, in draw order
         need = want
         while need.any():
-            new_group = np.repeat(np.arange(len(g)), 2 * need)
-            u = torch.rand(len(new_group), generator=generator, dtype=torch.float64).numpy()
-            new_value = np.minimum((u * size[new_group]).astype(np.int64), size[new_group] - 1)
-            group, value = np.concatenate([group, new_group]), np.concatenate([value, new_value])
-            _, first_seen = np.unique(group * int(size.max()) + value, return_index=True)
-            kept = np.sort(first_seen)  # repeats dropped, draw order kept
-            group, value = group[kept], value[kept]
-            kept = _occurrence(group) < want[group]
-            group, value = group[kept], value[kept]
-            need = want - np.bincount(group, minlength=len(g))
-        out[ragged_index(out_start[g], want)] = value[np.argsort(group, kind="stable")]
+            group = np.repeat(np.arange(len(g)), 2 * need)
+            u = torch.rand(len(group), generator=generator, dtype=torch.float64).numpy()  # u * size < size
+            keys = np.concatenate([keys, group * span + (u * size[group]).astype(np.int64)])
+            _, first_seen = np.unique(keys, return_index=True)
+            keys = keys[np.sort(first_seen)]  # repeats dropped, draw order kept
+            group = keys // span
+            keys = keys[_occurrence(group) < want[group]]  # each group's first `want`
+            need = want - np.bincount(keys // span, minlength=len(g))
+        out[ragged_index(out_start[g], want)] = keys[np.argsort(keys // span, kind="stable")] % span
     return out
 
 
