@@ -495,7 +495,9 @@ class TrajectoryBuffer:
             eligible &= (rates >= low) & (rates <= high)
         threshold = np.inf
         if ts == "low_entropy_percentile":
-            candidates, _ = self._index.groups(np.flatnonzero(eligible))
+            # The candidates are a large share of all rows here: one pass over the rows' question column
+            # costs less than assembling them from the per-question lists.
+            candidates = np.flatnonzero(np.append(eligible, False)[self._cols["qidx"][: self._high_water]])
             entropy = self._cols["entropy"][candidates]
             threshold = _percentile(entropy, entropy_percentile) if len(candidates) else np.inf
             passing = candidates[entropy <= threshold]

@@ -19,6 +19,11 @@ from collections.abc import Mapping
 import numpy as np
 
 GARBAGE_FRACTION = 1 / 16  # compact when freed-but-not-reclaimed elements exceed this share of live ones
+# `padded` gathers rows narrower than this with one indexing op over every position, and copies wider ones
+# one slice per row. On rows not in cache (as sampling finds them), 256 rows: 64-token prompts 0.14 ms
+# gathered vs 0.22 ms by slices; <= 512-token completions (ids and log-probs) 0.59 ms by slices vs 0.78 ms
+# gathered (the slices read only real elements, the gather every padded position).
+ROW_COPY_WIDTH = 256
 
 
 class RaggedStore:
@@ -78,17 +83,24 @@ class RaggedStore:
         Args:
             slots: `[n]` stored slots, in the order of the output rows.
             left: pad on the left (rows end at the last column) instead of the right.
-            dtypes: field name -> dtype of its padded output (the stored dtype otherwise); the cast happens
-                during the copy, so asking for int64 ids costs no extra pass.
+            dtypes: field name -> dtype of its padded output (the stored dtype otherwise).
         """
         lengths = self.length[slots]
         n, width = len(slots), int(lengths.max(initial=0))
         positions = np.arange(width)
         mask = positions >= (width - lengths)[:, None] if left else positions < lengths[:, None]  # [n, width]
-        # Each row is contiguous in its arena, so one slice copy per row and field reads only the row's own
-        # elements: 0.3 ms for 256 rows of <= 512 tokens (ids and log-probs), where one gather of every
-        # position, padding zeroed after, took 0.6 ms.
         dtypes = dtypes or {}
+        if width < ROW_COPY_WIDTH:
+            # One gather of every position; padding reads a clipped neighbour and is zeroed after.
+            first = self.offset[slots] - (width - lengths if left else 0)
+            index = np.clip(first[:, None] + positions, 0, max(self.end - 1, 0))  # [n, width]
+            out = {}
+            for name, values in self.fields.items():
+                rows = values[index].astype(dtypes.get(name, values.dtype), copy=False)
+                rows[~mask] = 0
+                out[name] = rows
+            return out, mask
+        # Each row is contiguous in its arena: one slice copy per row and field reads only its own elements.
         out = {name: np.zeros(n * width, dtypes.get(name, v.dtype)) for name, v in self.fields.items()}
         pairs = [(out[name], values) for name, values in self.fields.items()]
         targets = (np.arange(n) * width + (width - lengths if left else 0)).tolist()

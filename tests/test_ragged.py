@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.batch import pad_sequences
-from exgrpo_pl.ragged import GARBAGE_FRACTION, GroupIndex, RaggedStore, row_hashes
+from exgrpo_pl.ragged import GARBAGE_FRACTION, ROW_COPY_WIDTH, GroupIndex, RaggedStore, row_hashes
 
 
 def store_with(rows: dict[int, np.ndarray]) -> RaggedStore:
@@ -78,8 +78,9 @@ def test_padded_matches_pad_sequences(lengths, left):
 
 
 @pytest.mark.parametrize("left", [False, True])
-@pytest.mark.parametrize("lengths", [[300, 0, 257, 5], [255, 3], [0, 0]])
-def test_padded_long_and_empty_rows_match_pad_sequences(lengths, left):
+@pytest.mark.parametrize("lengths", [[300, 0, 257, 5], [ROW_COPY_WIDTH, 3], [ROW_COPY_WIDTH - 1, 3], [0, 0]])
+def test_padded_wide_and_narrow_rows_match_pad_sequences(lengths, left):
+    """Both ways of padding: slice copies (ROW_COPY_WIDTH and wider) and one gather (narrower)."""
     rows = {i: np.arange(1, n + 1, dtype=np.int32) * (i + 1) for i, n in enumerate(lengths)}
     store = store_with(rows)
     order = np.array([1, 0, *range(2, len(lengths))], dtype=np.int64)
