@@ -4,8 +4,9 @@ The replay buffer keeps up to 100K trajectories of up to thousands of tokens. On
 cost an object header per row; here every field is one flat array and a row is (offset, length), so
 gathering 256 padded rows is one gather of short rows or one contiguous slice copy per long row. Freed rows
 leave holes that are compacted away once they exceed 1/16 of the live payload, so the payload's resident
-memory stays within 1.0625x of it (benchmarks/buffer.py: 1.19x overall after evicting half a 100K buffer,
-metadata included; at 1/8 it was 1.26x; compaction copies the live rows, which the adds when full pay for).
+memory stays within 1.0625x of it (benchmarks/buffer.py: 1.21x overall after evicting half a 100K buffer,
+metadata, per-question index and hashes included; at 1/8 it was 1.26x; compaction copies the live rows,
+which the adds when full pay for).
 
 `GroupIndex` keeps the buffer's slots grouped by question, so the trajectories of 256 sampled questions are
 found without scanning 100K rows; `row_hashes` gives the 64-bit completion hash that the buffer's
