@@ -11,7 +11,6 @@ here. Plain PyTorch/NumPy, no Lightning.
 from __future__ import annotations
 
 import heapq
-import zlib
 from collections import deque, namedtuple
 from collections.abc import Callable, Mapping, Sequence
 
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.batch import RolloutBatch, text_id
 from exgrpo_pl.difficulty import (
     DifficultyBucketer,
     check_rate_range,
@@ -292,7 +291,7 @@ class TrajectoryBuffer:
 
         Args:
             trajectory: a `RolloutBatch`, or the seed's dict with keys "prompt", "rollout", "reward",
-                "is_correct", "entropy" and optionally "question_id" (default: CRC32 of the UTF-8 prompt),
+                "is_correct", "entropy" and optionally "question_id" (default: `text_id` of the prompt),
                 "answer", "prompt_ids", "completion_ids", "behaviour_logps", "policy_version", "domain".
 
         Returns:
@@ -807,7 +806,7 @@ def _batch_from_seed_dict(trajectory: Mapping) -> RolloutBatch:
     if missing:
         raise ValueError(f"trajectory dict is missing keys {missing}; required keys are {list(_SEED_KEYS)}")
     prompt = str(trajectory["prompt"])
-    question_id = trajectory.get("question_id", zlib.crc32(prompt.encode("utf-8")))
+    question_id = trajectory.get("question_id", text_id(prompt))
     prompt_ids = torch.as_tensor(trajectory.get("prompt_ids", []), dtype=torch.long).reshape(1, -1)
     completion_ids = torch.as_tensor(trajectory.get("completion_ids", []), dtype=torch.long).reshape(1, -1)
     logps = trajectory.get("behaviour_logps")

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from exgrpo_pl.batch import text_id
 from exgrpo_pl.rewards.math_verify import extract_boxed
 
 _INT64 = (-(2**63), 2**63 - 1)
@@ -156,7 +157,7 @@ def _question_id(value: Any, where: str, column: str) -> tuple[int, int | str]:
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value)
     if isinstance(value, str):
-        return zlib.crc32(value.encode("utf-8")), value
+        return text_id(value), value
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{where}: column {column!r} must be an int or a string, got {type(value).__name__}")
     if not _INT64[0] <= value <= _INT64[1]:
@@ -181,8 +182,8 @@ def load_rows(
         path: a `.jsonl`, `.json` or `.parquet` file, or a `datasets.Dataset.save_to_disk` directory.
         prompt_column: column holding the prompt text; becomes `prompt`.
         answer_column: column holding the reference answer (numbers become strings); becomes `answer`.
-        id_column: column holding a stable question id (an int, or a string, hashed with CRC-32 unless it
-            is a decimal integer); becomes `id`. None: `id` is the CRC-32 of the prompt text, which stays
+        id_column: column holding a stable question id (an int, or a string, hashed with `text_id` unless
+            it is a decimal integer); becomes `id`. None: `id` is the `text_id` of the prompt, which stays
             the same across runs and row orders.
         domain_column: column holding the task/domain name; becomes `domain`.
         answer_from: "column" takes the answer column as it is; "boxed" reads it as a worked solution
@@ -197,7 +198,7 @@ def load_rows(
     Raises:
         ValueError: on a line that is not UTF-8 or not JSON, a missing column, an empty prompt or answer, a
             repeated prompt with a different answer, a repeated id with a different prompt or answer, two
-            different prompts or ids whose CRC-32 hashes collide, a column whose name clashes with a
+            different prompts or ids whose hashed ids collide, a column whose name clashes with a
             normalized key, an unknown `answer_from`, a solution without a complete `\\boxed{...}` (or with
             an empty one) when `answer_from="boxed"`, or no rows at all.
         FileNotFoundError: if `path` does not exist.
@@ -233,7 +234,7 @@ def load_rows(
             row["answer"] = _boxed_answer(row["answer"], where, answer_column)
         # `question` identifies the question: its prompt, or its id as written (before any hashing).
         if id_column is None:
-            row["id"], question = zlib.crc32(row["prompt"].encode("utf-8")), row["prompt"]
+            row["id"], question = text_id(row["prompt"]), row["prompt"]
         else:
             row["id"], question = _question_id(raw[id_column], where, id_column)
         if domain_column is not None:
@@ -281,7 +282,8 @@ def _check_repeat(
     if questions[0] != questions[1]:
         what = "prompts" if id_column is None else f"{id_column!r} values"
         raise ValueError(
-            f"{path}: {first} and {second} have different {what} whose CRC-32 ids collide ({a['id']}): "
+            f"{path}: {first} and {second} have different {what} whose 63-bit hashed ids collide "
+            f"({a['id']}): "
             f"{_short(questions[0])} and {_short(questions[1])}; "
             + (
                 "give the rows integer ids in a column named by id_column"

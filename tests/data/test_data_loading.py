@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from exgrpo_pl.batch import text_id
 from exgrpo_pl.data import load_rows, split_rows
 
 ROWS = [
@@ -28,7 +29,7 @@ def load(path, **kwargs):
 def check_normalized(rows):
     assert [row["prompt"] for row in rows] == ["What is 2+2?", "What is 3*3?"]
     assert [row["answer"] for row in rows] == ["4", "9"]  # numbers become strings
-    assert rows[0]["id"] == zlib.crc32(b"What is 2+2?")
+    assert rows[0]["id"] == text_id("What is 2+2?")
     assert rows[1]["source"] == "b" and rows[1]["level"] == "hard"  # other columns kept
     assert "question" not in rows[0] and "solution" not in rows[0]
 
@@ -68,7 +69,7 @@ def test_saved_dataset_directory(tmp_path):
 def test_id_and_domain_columns(tmp_path):
     rows = [{**row, "uid": uid} for row, uid in zip(ROWS, [7, "q-8"], strict=True)]
     out = load(write_jsonl(tmp_path / "d.jsonl", rows), id_column="uid", domain_column="level")
-    assert [row["id"] for row in out] == [7, zlib.crc32(b"q-8")]
+    assert [row["id"] for row in out] == [7, text_id("q-8")]
     assert [row["domain"] for row in out] == ["easy", "hard"]
     assert "uid" not in out[0] and "level" not in out[0]
 
@@ -174,12 +175,17 @@ def test_answers_are_compared_after_normalization(tmp_path):
         assert len(load(write_jsonl(tmp_path / "b.jsonl", rows), answer_from="boxed")) == 1
 
 
-def test_prompts_whose_crc32_collide_are_an_error_not_a_repeat(tmp_path):
+def test_prompts_whose_crc32_collide_get_different_ids():
     first, second = "What is 29685295+1?", "What is 32060020+1?"
     assert zlib.crc32(first.encode()) == zlib.crc32(second.encode())
-    rows = [{"question": first, "solution": "29685296"}, {"question": second, "solution": "32060021"}]
+    assert text_id(first) != text_id(second)
+
+
+def test_prompts_whose_hashed_ids_collide_are_an_error_not_a_repeat(tmp_path, monkeypatch):
+    monkeypatch.setattr("exgrpo_pl.data.loading.text_id", lambda text: 7)  # a hash that always collides
+    rows = [{"question": "What is 1+1?", "solution": "2"}, {"question": "What is 2+1?", "solution": "3"}]
     with pytest.raises(
-        ValueError, match=r"line 1 and line 2 have different prompts whose CRC-32 ids collide"
+        ValueError, match=r"line 1 and line 2 have different prompts whose 63-bit hashed ids collide"
     ):
         load(write_jsonl(tmp_path / "d.jsonl", rows))
     rows = [{**row, "uid": i} for i, row in enumerate(rows)]  # integer ids do not collide

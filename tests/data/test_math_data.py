@@ -2,13 +2,13 @@
 answer_from="boxed" (the answer is the last \\boxed{} of a worked solution)."""
 
 import json
-import zlib
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from exgrpo_pl.batch import text_id
 from exgrpo_pl.data import PromptDataModule, load_rows
 from exgrpo_pl.rewards import extract_boxed
 
@@ -37,7 +37,7 @@ def test_math_problem_solution_sample():
     rows = load_rows(MATH, **MATH_COLUMNS)
     assert [row["answer"] for row in rows] == MATH_ANSWERS
     assert rows[0]["prompt"].startswith("What is $\\frac{1}{4}")
-    assert rows[0]["id"] == zlib.crc32(rows[0]["prompt"].encode())
+    assert rows[0]["id"] == text_id(rows[0]["prompt"])
     assert {"level", "type"} <= set(rows[0]) and "solution" not in rows[0] and "problem" not in rows[0]
 
 
@@ -65,7 +65,7 @@ def test_openr1_style_sample_keeps_solution_and_uuid():
 def test_openr1_style_uuid_as_question_id():
     uuids = [json.loads(line)["uuid"] for line in OPENR1.read_text().splitlines()]
     rows = load_rows(OPENR1, id_column="uuid", **OPENR1_COLUMNS)
-    assert [row["id"] for row in rows] == [zlib.crc32(uuid.encode()) for uuid in uuids]
+    assert [row["id"] for row in rows] == [text_id(uuid) for uuid in uuids]
     assert "uuid" not in rows[0]  # consumed into `id`, like the other named columns
 
 
