@@ -31,7 +31,12 @@ from exgrpo_pl.logging_steps import step_metrics, writes_step_metrics
 from exgrpo_pl.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
 from exgrpo_pl.mixin import ReplayMixin
 from exgrpo_pl.models import DTYPES, load_policy, load_tokenizer, lora_config
-from exgrpo_pl.resume import restore_rng_states, resumable_fit_progress, rng_states
+from exgrpo_pl.resume import (
+    restore_rng_states,
+    resumable_fit_progress,
+    rng_states,
+    settle_resumed_step_count,
+)
 from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.seeding import derive_seed
 from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
@@ -279,6 +284,9 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         self.log(name, metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(batch["prompt"]))
 
     def on_train_start(self) -> None:
+        if getattr(self, "_resumed_at", None) == "epoch end":
+            settle_resumed_step_count(self.trainer)
+            self._resumed_at = None
         # A resumed run measured its start already, and logged it at step 0.
         if not self.hparams.validate_at_start or self.trainer.datamodule is None or self.global_step > 0:
             return
@@ -311,7 +319,8 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         self.num_tokens = counts.get("num_tokens", 0)
         self.generated_tokens = counts.get("generated_tokens", 0)
         self.nonfinite.skipped = counts.get("nonfinite_steps", 0)
-        resumable_fit_progress(checkpoint)  # Lightning restores the loops after this hook
+        # Lightning restores the loops after this hook; on_train_start settles what it then miscounts.
+        self._resumed_at = resumable_fit_progress(checkpoint)
         states = checkpoint.get("sampling_rng")
         if isinstance(states, dict):
             restore_rng_states(states)

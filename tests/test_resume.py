@@ -166,48 +166,62 @@ def test_after_a_sigkill_the_newest_complete_checkpoint_resumes_bitwise(tmp_path
 
 def progress(checkpoint):
     loop = checkpoint["loops"]["fit_loop"]
-    epochs, batches = loop["epoch_progress"]["total"], loop["epoch_loop.batch_progress"]["total"]
+    epochs, batches = loop["epoch_progress"]["total"], loop["epoch_loop.batch_progress"]
     return (
         [epochs[k] for k in ("ready", "started", "processed", "completed")],
-        [batches[k] for k in ("ready", "started", "processed", "completed")],
+        [batches["total"][k] for k in ("ready", "started", "processed", "completed")],
+        [batches["current"][k] for k in ("ready", "started", "processed", "completed")],
+        batches["is_last_batch"],
         loop["epoch_loop.state_dict"]["_batches_that_stepped"],
     )
 
 
 @pytest.fixture(scope="module")
-def saved_at_step_3(tmp_path_factory, tiny_model_dir):
-    """Checkpoints of one run, each saved at step 3 (the end of epoch 0) by a different hook."""
+def saved(tmp_path_factory, tiny_model_dir):
+    """Checkpoints saved at step 2 (mid epoch 0) and step 3 (its last batch) by each hook that saves."""
     root = tmp_path_factory.mktemp("kinds")
 
     class SaveAtTrainEnd(Callback):
         def on_train_end(self, trainer, pl_module):
-            trainer.save_checkpoint(root / "train_end.ckpt")
+            trainer.save_checkpoint(root / f"end-step={trainer.global_step}.ckpt")
 
-    seed_everything(0)
-    trainer = Trainer(
-        max_steps=3, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, default_root_dir=root, callbacks=[
-            SafeModelCheckpoint(root, "every-{step}", every_n_train_steps=1, save_top_k=-1),
-            SafeModelCheckpoint(root, "epoch-{step}", save_top_k=-1), SaveAtTrainEnd(),
-        ],
-    )  # fmt: skip
-    data = PromptDataModule(synthetic=ArithmeticTask(ROWS, seed=1), batch_size=BATCH, val_fraction=0.0)
-    trainer.fit(tiny_module(tiny_model_dir), data)
-    names = {"batch": "every-step=3.ckpt", "epoch": "epoch-step=3.ckpt", "end": "train_end.ckpt"}
-    return {kind: torch.load(root / name, weights_only=True) for kind, name in names.items()}
+    for steps in (2, 3):
+        seed_everything(0)
+        trainer = Trainer(
+            max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+            enable_model_summary=False, limit_val_batches=0, default_root_dir=root, callbacks=[
+                SafeModelCheckpoint(root, "batch-{step}", every_n_train_steps=1, save_top_k=-1),
+                SafeModelCheckpoint(root, "epoch-{step}", save_top_k=-1), SaveAtTrainEnd(),
+            ],
+        )  # fmt: skip
+        data = PromptDataModule(synthetic=ArithmeticTask(ROWS, seed=1), batch_size=BATCH, val_fraction=0.0)
+        trainer.fit(tiny_module(tiny_model_dir, num_generations=2, max_completion_length=2), data)
+    return lambda name: torch.load(root / f"{name}.ckpt", weights_only=True)
 
 
-def test_epoch_and_train_end_checkpoints_get_the_progress_of_the_batch_end_one(saved_at_step_3):
-    batch, epoch, end = (saved_at_step_3[k] for k in ("batch", "epoch", "end"))
-    assert progress(batch) == ([1, 1, 0, 0], [3, 3, 3, 2], 2)  # what Lightning resumes exactly from
-    assert progress(epoch) == ([1, 1, 1, 0], [3, 3, 3, 3], 3)
-    assert progress(end) == ([1, 1, 1, 1], [3, 3, 3, 3], 3)
+def test_checkpoints_saved_mid_epoch_get_the_on_train_batch_end_progress(saved):
+    batch, epoch, end = saved("batch-step=2"), saved("epoch-step=2"), saved("end-step=2")
+    resumable = ([1, 1, 0, 0], [2, 2, 2, 1], [2, 2, 2, 1], False, 1)  # what Lightning resumes exactly from
+    assert progress(batch) == resumable
+    assert progress(epoch) == ([1, 1, 1, 0], [2, 2, 2, 2], [2, 2, 2, 2], False, 2)
+    assert progress(end) == ([1, 1, 1, 1], [2, 2, 2, 2], [2, 2, 2, 2], False, 2)
     for checkpoint in (epoch, end):
-        assert resumable_fit_progress(checkpoint)
-        assert progress(checkpoint) == progress(batch)
-        assert not resumable_fit_progress(checkpoint)  # once only
-    assert not resumable_fit_progress(batch)
-    assert not resumable_fit_progress({"state_dict": {}})  # a weights-only checkpoint
+        assert resumable_fit_progress(checkpoint) == "mid-epoch"
+        assert progress(checkpoint) == resumable
+        assert resumable_fit_progress(checkpoint) is None  # once only
+    assert resumable_fit_progress(batch) is None
+    assert resumable_fit_progress({"state_dict": {}}) is None  # a weights-only checkpoint
+
+
+def test_checkpoints_saved_at_an_epochs_end_get_the_progress_of_the_next_epochs_start(saved):
+    batch, epoch, end = saved("batch-step=3"), saved("epoch-step=3"), saved("end-step=3")
+    assert progress(batch) == ([1, 1, 0, 0], [3, 3, 3, 2], [3, 3, 3, 2], True, 2)
+    assert progress(epoch) == ([1, 1, 1, 0], [3, 3, 3, 3], [3, 3, 3, 3], True, 3)
+    assert progress(end) == ([1, 1, 1, 1], [3, 3, 3, 3], [3, 3, 3, 3], True, 3)
+    for checkpoint in (batch, epoch, end):
+        assert resumable_fit_progress(checkpoint) == "epoch end"
+        assert progress(checkpoint) == ([1, 1, 1, 1], [3, 3, 3, 3], [0, 0, 0, 0], False, 3)
+        assert resumable_fit_progress(checkpoint) is None
 
 
 def test_rng_states_round_trip_on_one_process():

@@ -205,7 +205,6 @@ def fit_resumable(root, model_dir, name, max_steps, ckpt_path=None):
     return [torch.load(root / f"{name}-rank{r}.pt", weights_only=True) for r in range(2)]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("stop", [3, 4], ids=["at the end of epoch 0", "mid epoch 1"])
 def test_a_resumed_two_rank_run_is_the_uninterrupted_run_on_every_rank(tmp_path, tiny_model_dir, stop):
     """12 questions, 2 a step on each of 2 ranks: 3 steps an epoch."""
