@@ -6,11 +6,11 @@ excluded ids travel in the datamodule's `state_dict`, so a resumed run keeps the
 `add_pass_hook` runs right before each pass is drawn (`ReplayCallback` retires questions there); Lightning
 draws the pass of epoch e >= 1 after `on_train_epoch_start`, so ids excluded in that hook leave epoch e too.
 
-The training sampler shards each pass across ranks itself (Lightning leaves it unwrapped): every rank runs
-the same number of steps (no collective waits on a rank that ran out), retired questions never reappear,
-and their freed slots are filled by seeing some remaining questions twice. Call `exclude_questions` with
-the same ids on every rank; otherwise the ranks' shards overlap. On a single device the epoch simply gets
-shorter; the progress bar keeps the length it measured at the start of training.
+Every epoch has the same number of steps, on any number of ranks: the training sampler shards each pass
+across ranks itself (Lightning leaves it unwrapped), retired questions never reappear, and their freed
+slots are filled by seeing some remaining questions twice. So no collective waits on a rank that ran out,
+and Lightning's epoch length (epoch-end validation, `max_epochs` schedules, the progress bar) stays right.
+Call `exclude_questions` with the same ids on every rank; otherwise the ranks' shards overlap.
 
 Resume: the training loader is a torchdata `StatefulDataLoader`; Lightning saves its state (the current
 pass's seed, number and order, and how many batches were taken) in each checkpoint and restores it, so a
@@ -78,10 +78,9 @@ class ExcludingRandomSampler(DistributedSampler):
     current pass, the same each time, so a resumed pass is the pass that was saved (`pass_state` /
     `restore_pass`). Iterating before any pass begins one.
 
-    Ranks draw the same order and take every `num_replicas`-th entry from `rank` on. With several ranks,
-    every pass has the same length on every rank, `ceil(start_rows / num_replicas)`, so every rank runs the
-    same number of steps (no collective waits on a rank that ran out); once questions are retired, the freed
-    slots repeat the first remaining ones of the order. On one rank a pass is as long as its active rows.
+    Every pass has the same length on every rank, `ceil(start_rows / num_replicas)`: the order is cut or
+    padded to `num_replicas` times that (once questions are retired, the freed slots repeat the first
+    remaining ones of the order), and rank r takes every `num_replicas`-th entry from r on.
 
     It subclasses `DistributedSampler` only so that Lightning does not wrap it in a
     `DistributedSamplerWrapper`, whose own shuffle and eager listing a resumed run could not restore.
@@ -92,8 +91,8 @@ class ExcludingRandomSampler(DistributedSampler):
         seed: seed of the shuffle.
         num_replicas: ranks that share the data.
         rank: this rank.
-        start_rows: active rows when the run started; sets the per-rank length (and the length reported
-            before the first pass, which Lightning measures once); None: the active rows now.
+        start_rows: active rows when the run started, which sets the length of every pass; None: the active
+            rows now.
     """
 
     def __init__(
@@ -141,16 +140,11 @@ class ExcludingRandomSampler(DistributedSampler):
         self.epoch += 1
 
     def _shard(self) -> list[int]:
-        if self.num_replicas == 1:
-            return self.order
-        order = self.order[: self.total_size]
-        repeats = math.ceil(self.total_size / len(order))
-        return (order * repeats)[: self.total_size][self.rank :: self.num_replicas]
+        repeats = math.ceil(self.total_size / len(self.order))
+        return (self.order * repeats)[: self.total_size][self.rank :: self.num_replicas]
 
     def __len__(self) -> int:
-        if self.num_replicas > 1:
-            return self.num_samples
-        return len(self.order) if self.order is not None else self.start_rows
+        return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
         if self.order is None:
@@ -213,11 +207,12 @@ class _ResumableLoader(StatefulDataLoader):
             if self.before_pass is not None:
                 self.before_pass()
             self.sampler.begin_pass()
-            if len(self) == 0:  # an epoch without a step: Lightning would run such epochs forever
+            left = len(self.sampler.order)
+            if left < min(self.batch_size, self.sampler.start_rows):  # a batch would hold a question twice
                 raise RuntimeError(
-                    f"only {len(self.sampler.order)} of {len(self.sampler.question_ids)} training questions"
+                    f"only {left} of {len(self.sampler.question_ids)} training questions"
                     f" are left (the others are retired), fewer than one batch of {self.batch_size}"
-                    " (drop_last=True); nothing is left to train on"
+                    "; nothing is left to train on"
                 )
         iterator = super().__iter__()
         self._taken_at_start = iterator._num_yielded

@@ -12,7 +12,7 @@ from torch.utils.data import DistributedSampler
 
 from exgrpo_pl.checkpointing import SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, ExcludingRandomSampler, PromptDataModule
-from exgrpo_pl.resume import resumable_fit_progress
+from exgrpo_pl.resume import resumable_fit_progress, settle_resumed_step_count
 
 
 def make_dm(**kwargs):
@@ -110,7 +110,9 @@ def test_excluded_questions_skipped_from_next_epoch():
             dm.exclude_questions(torch.tensor(retired))
     assert len(seen) == 36  # the running epoch is unaffected
     next_epoch = epoch_ids(loader)
-    assert len(next_epoch) == 26 and not set(next_epoch) & set(retired)
+    # As long as every epoch: 10 of the 26 remaining questions fill the retired ones' slots.
+    assert len(next_epoch) == 36 and not set(next_epoch) & set(retired)
+    assert set(next_epoch) == set(ids(dm)) - set(retired) and len(set(next_epoch)) == 26
     assert dm.excluded_question_ids == frozenset(retired)
 
 
@@ -228,7 +230,7 @@ def fit(max_epochs, ckpt_path=None):
 def test_trainer_epoch_after_retirement_skips_retired():
     _, _, model = fit(max_epochs=2)
     retired = set(model.seen[0][:4])
-    assert len(model.seen[0]) == 20 and len(model.seen[1]) == 16
+    assert len(model.seen[0]) == len(model.seen[1]) == 20
     assert not retired & set(model.seen[1])
 
 
@@ -239,7 +241,7 @@ def test_retired_questions_survive_a_checkpoint(tmp_path):
     assert checkpoint["PromptDataModule"] == dm.state_dict() and len(dm.excluded_question_ids) == 4
     _, resumed, model = fit(max_epochs=2, ckpt_path=tmp_path / "last.ckpt")
     assert resumed.excluded_question_ids == dm.excluded_question_ids
-    assert len(model.seen[1]) == 16 and not set(model.seen[1]) & dm.excluded_question_ids
+    assert len(model.seen[1]) == 20 and not set(model.seen[1]) & dm.excluded_question_ids
 
 
 def test_invalid_arguments():
@@ -372,7 +374,7 @@ def test_iterating_again_before_taking_a_batch_keeps_the_pass_and_position():
 
 
 class _Recorder(L.LightningModule):
-    """Records (step, epoch, question ids) of each batch."""
+    """Records (step, epoch, question ids) of each batch, and the step at each epoch start."""
 
     def __init__(self):
         super().__init__()
@@ -382,8 +384,18 @@ class _Recorder(L.LightningModule):
         self.seen.append((self.global_step, self.current_epoch, batch["question_id"].tolist()))
         return (self.weight**2).sum()
 
+    def on_train_epoch_start(self):
+        self.seen.append(("epoch start", self.global_step, self.current_epoch))
+
+    def validation_step(self, batch, batch_idx):
+        self.seen.append(("validation", self.global_step, self.current_epoch))
+
     def on_load_checkpoint(self, checkpoint):
-        resumable_fit_progress(checkpoint)
+        self.resumed_at = resumable_fit_progress(checkpoint)
+
+    def on_train_start(self):
+        if getattr(self, "resumed_at", None) == "epoch end":
+            settle_resumed_step_count(self.trainer)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -410,7 +422,7 @@ class _Retirement(L.Callback):
         self.retired = set(state_dict["retired"])
 
 
-def fit_recorded(root, max_steps, checkpoint=None, ckpt_path=None, val_fraction=0.0):
+def fit_recorded(root, max_steps, checkpoint=None, ckpt_path=None, val_fraction=0.0, **trainer_kwargs):
     L.seed_everything(0, verbose=False)
     dm = PromptDataModule(synthetic=ArithmeticTask(27, seed=1), batch_size=4, val_fraction=val_fraction)
     model = _Recorder()
@@ -418,10 +430,16 @@ def fit_recorded(root, max_steps, checkpoint=None, ckpt_path=None, val_fraction=
         max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=root, limit_val_batches=1 if val_fraction else 0,
         callbacks=[_Retirement(), *([checkpoint] if checkpoint else [])],
-        enable_checkpointing=checkpoint is not None,
+        enable_checkpointing=checkpoint is not None, **trainer_kwargs,
     )  # fmt: skip
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
-    return model.seen
+    loop = trainer.fit_loop
+    progress = [loop.epoch_progress.state_dict(), loop.epoch_loop.batch_progress.total.state_dict()]
+    return model.seen, (progress, loop.epoch_loop._batches_that_stepped)
+
+
+def step_of(entry) -> int:
+    return entry[1] if isinstance(entry[0], str) else entry[0]
 
 
 SAVERS = {  # where each saves the step's checkpoint
@@ -432,14 +450,39 @@ SAVERS = {  # where each saves the step's checkpoint
 
 
 @pytest.mark.parametrize("saver", SAVERS)
-@pytest.mark.parametrize("stop", [3, 6, 14, 17], ids=lambda s: f"stop{s}")
+@pytest.mark.parametrize("stop", [3, 6, 14, 18], ids=lambda s: f"stop{s}")
 def test_a_resumed_trainer_sees_the_batches_and_epochs_of_the_uninterrupted_one(tmp_path, saver, stop):
-    """Epochs 0 and 1 have 6 batches; retirement shortens epoch 2 to 5 (steps 12-16): stops mid-epoch (3,
-    14) and after an epoch's last batch (6, 17), with each kind of checkpoint."""
-    straight = fit_recorded(tmp_path / "straight", 19)
-    assert [epoch for _, epoch, _ in straight] == [0] * 6 + [1] * 6 + [2] * 5 + [3] * 2
+    """6 batches an epoch, retired questions leaving from epoch 1 on: stops mid-epoch (3, 14) and after an
+    epoch's last batch (6, 18), with each kind of checkpoint."""
+    straight, progress = fit_recorded(tmp_path / "straight", 19)
+    steps = [step for step in straight if not isinstance(step[0], str)]
+    assert [epoch for _, epoch, _ in steps] == [0] * 6 + [1] * 6 + [2] * 6 + [3]
     cls, kwargs = SAVERS[saver]
     checkpoint = cls(tmp_path / "run", "{step}", save_top_k=-1, **kwargs)
     fit_recorded(tmp_path / "run", stop + (cls is ModelCheckpoint), checkpoint)
     resumed = fit_recorded(tmp_path / "run", 19, ckpt_path=tmp_path / "run" / f"step={stop}.ckpt")
-    assert resumed == straight[stop:]
+    # The same batches in the same epochs, the same epoch starts, and the same loop progress at the end.
+    after_stop = [entry for entry in straight if step_of(entry) >= stop]
+    assert resumed == (after_stop, progress)
+
+
+VALIDATION = {
+    "no validation": (0.0, {}),
+    "validation each epoch": (0.12, {}),
+    "validation every 4 steps": (0.12, {"val_check_interval": 4, "check_val_every_n_epoch": None}),
+}
+
+
+@pytest.mark.parametrize("validation", VALIDATION)
+def test_a_run_resumed_twice_is_the_uninterrupted_one(tmp_path, validation):
+    """Stopped at an epoch's end (6), mid-epoch (14), and resumed each time: the same batches, epoch starts,
+    validations and loop progress (logging steps included) as without a stop."""
+    val_fraction, kwargs = VALIDATION[validation]
+    straight, progress = fit_recorded(tmp_path / "straight", 18, val_fraction=val_fraction, **kwargs)
+    root, seen = tmp_path / "run", []
+    for stop, ckpt_path in [(6, None), (14, root / "step=6.ckpt"), (18, root / "step=14.ckpt")]:
+        checkpoint = SafeModelCheckpoint(root, "{step}", save_top_k=-1)
+        part, last_progress = fit_recorded(root, stop, checkpoint, ckpt_path, val_fraction, **kwargs)
+        seen += part
+    assert seen == straight and last_progress == progress
+    assert any(entry[0] == "validation" for entry in seen) == bool(val_fraction)
