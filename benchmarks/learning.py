@@ -1,15 +1,22 @@
-"""GRPO vs ExGRPO (paper and seed presets, and the paper's ablations) on the embedded task, at equal budgets
-of generated tokens, several seeds each. Prints final and best val pass@1 (mean +- std) and writes learning
-curves (val pass@1 against generated tokens) to benchmarks/results/learning.png.
+"""GRPO vs ExGRPO (paper and seed presets, and the paper's ablations) on both embedded tasks, 5+ seeds each.
 
-    python benchmarks/learning.py --quick      # presets, 2 seeds, ~5 min on 2 CPU cores
-    python benchmarks/learning.py              # presets + ablations, 3 seeds
-    python benchmarks/learning.py --jobs 2     # the same, two runs at a time with one thread each
+Every run is `exgrpo fit` of a shipped preset for a fixed number of optimizer steps (the paper's axis); its
+validation curve is kept against steps and against generated tokens, so variants compare at equal steps
+(the final point) and at equal generated tokens (each curve read at the budget every run reached). Replay
+diagnostics are recorded on the way: which questions were replayed and how often, the questions in each
+correctness bucket, and the difficulty families of the replayed questions over time. Prints tables with 95%
+intervals (Student t over seeds) and the paper's ablation numbers beside them; writes JSON and PNGs to
+benchmarks/results/.
 
-Each run is `exgrpo fit` of a shipped config, stopped when its module has generated the token budget; the
-ablations change one knob of configs/exgrpo_paper.yaml. Seed s is `--seed_everything=s`, from which the
-run derives its data order, replay draws, rollout and validation samples, so the seeds are independent runs
-(a config that pins the data or replay seed is refused). Not a timed test: a measurement to read.
+    python benchmarks/learning.py --quick --jobs 2   # three presets, 2 seeds, short runs: < 10 min on 2 cores
+    python benchmarks/learning.py --jobs 2           # both tasks, all variants, 5 seeds: ~3 h on 2 cores
+    python benchmarks/learning.py --jobs 2 --resume  # finish an interrupted run (finished runs are kept)
+
+Tasks: "arithmetic" is the presets as shipped (`configs/*.yaml`: one-step sums, every correct completion of a
+question the same string); "reasoning" lays configs/quickstart_reasoning.yaml's model, data and schedule over
+each preset (step-by-step derivations whose correct completions differ, so trajectory selection has a choice).
+Seed s is `--seed_everything=s`: the data order, replay draws, rollout and validation samples all derive from
+it, so seeds are independent runs. Not a timed test: a measurement to read.
 """
 
 from __future__ import annotations
@@ -19,12 +26,16 @@ import json
 import multiprocessing
 import statistics
 import tempfile
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+import numpy as np
 import torch
+import yaml
 from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback
+from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from exgrpo_pl.cli import ExGRPOCLI
@@ -35,16 +46,11 @@ ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def _paper_ablation(
-    replay: dict | None = None, callback: dict | None = None, module: dict | None = None, no_replay=False
-):
-    """A variant of the paper preset: attributes of its SelectiveReplay, ReplayCallback or module changed,
-    or its ReplayCallback removed (`no_replay`: the paper's loss and advantages, without experience)."""
+def _paper_ablation(replay: dict | None = None, callback: dict | None = None, module: dict | None = None):
+    """A variant of the paper preset: attributes of its SelectiveReplay, ReplayCallback or module changed."""
 
     def apply(cli) -> None:
-        replay_callback = next(c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback))
-        if no_replay:
-            cli.trainer.callbacks.remove(replay_callback)
+        replay_callback = _replay_callback(cli)
         for key, value in (replay or {}).items():
             setattr(replay_callback.replay, key, value)
         for key, value in (callback or {}).items():
@@ -55,61 +61,128 @@ def _paper_ablation(
     return apply
 
 
-# name -> (config, change applied to the built CLI objects)
+# name -> (preset, change applied to the built CLI objects, the variant's average accuracy in the paper's
+# ablation study, arXiv 2510.02245; None: not one of its variants)
 VARIANTS = {
-    "GRPO": ("grpo_baseline", None),
-    "ExGRPO paper": ("exgrpo_paper", None),
-    "ExGRPO seed": ("exgrpo_seed", None),
-    "no question selection": ("exgrpo_paper", _paper_ablation(replay={"question_sampling": "uniform"})),
-    "no trajectory selection": ("exgrpo_paper", _paper_ablation(replay={"trajectory_selection": "random"})),
-    "highest entropy": ("exgrpo_paper", _paper_ablation(replay={"trajectory_selection": "highest_entropy"})),
-    "no policy shaping": ("exgrpo_paper", _paper_ablation(module={"off_policy_correction": "none"})),
-    "rho 0.25": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.25})),
-    "rho 0.75": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.75})),
-    # Not one of the paper's ablations: GRPO as the paper preset trains it (advantage r - mean, entropy
-    # bonus), which separates what replay does from what the preset's loss settings do.
-    "paper without replay": ("exgrpo_paper", _paper_ablation(no_replay=True)),
+    "GRPO": ("grpo_baseline", None, 45.3),
+    "ExGRPO paper": ("exgrpo_paper", None, 48.3),
+    "ExGRPO seed": ("exgrpo_seed", None, None),
+    "no question selection": ("exgrpo_paper", _paper_ablation(replay={"question_sampling": "uniform"}), 46.7),
+    "no trajectory selection": (
+        "exgrpo_paper",
+        _paper_ablation(replay={"trajectory_selection": "random"}),
+        46.3,
+    ),  # fmt: skip
+    "highest entropy": (
+        "exgrpo_paper",
+        _paper_ablation(replay={"trajectory_selection": "highest_entropy"}),
+        46.0,
+    ),  # fmt: skip
+    "no policy shaping": ("exgrpo_paper", _paper_ablation(module={"off_policy_correction": "none"}), 41.2),
+    "rho 0.25": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.25}), 46.4),
+    "rho 0.75": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.75}), 44.8),
 }
-QUICK = ("GRPO", "ExGRPO paper", "ExGRPO seed")
+PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed")
+TASKS = ("arithmetic", "reasoning")
+# Steps of a --quick run per task (full runs take the task's own max_steps).
+QUICK_STEPS = {"arithmetic": 100, "reasoning": 80}
 
 
-class TokenBudget(Callback):
-    """Stops training once the module has generated `budget` completion tokens."""
+def _replay_callback(cli) -> ReplayCallback:
+    return next(c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback))
 
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
+
+def task_overlay(task: str) -> dict:
+    """What a task changes in a preset: nothing for "arithmetic" (the presets' own task); for "reasoning"
+    the model, reward, lengths, data and schedule of configs/quickstart_reasoning.yaml."""
+    if task == "arithmetic":
+        return {}
+    config = yaml.safe_load((ROOT / "configs" / "quickstart_reasoning.yaml").read_text())
+    model_keys = ("model_name_or_path", "reward_funcs", "max_completion_length", "val_num_generations")
+    return {
+        "model": {key: config["model"][key] for key in model_keys},
+        "data": config["data"],
+        "trainer": {key: config["trainer"][key] for key in ("max_steps", "val_check_interval")},
+    }
+
+
+class Record(Callback):
+    """The validation curve [(step, generated tokens, val pass@1)] after the start, and what replay did:
+    every replayed question (id and family) per step, and every `every` steps the number of questions in
+    play per correctness bucket (the latest group's correct count, 0..K; retired questions left out)."""
+
+    def __init__(self, every: int = 20) -> None:
+        self.every = every
+        self.curve: list[tuple[int, float, float]] = []
+        self.replayed: list[tuple[int, list[int], list[str]]] = []
+        self.buckets: list[tuple[int, list[int]]] = []
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        value = float(trainer.callback_metrics["val/pass@1"])
+        self.curve.append((trainer.global_step, float(pl_module.generated_tokens), value))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.generated_tokens >= self.budget:
-            trainer.should_stop = True
+        rollouts = outputs["rollouts"]
+        rows = rollouts.replayed.nonzero().flatten().tolist()
+        if rows:
+            families = [rollouts.domains[i] if rollouts.domains else "" for i in rows]
+            self.replayed.append((trainer.global_step, rollouts.question_ids[rows].tolist(), families))
+        replay = next((c for c in trainer.callbacks if isinstance(c, ReplayCallback)), None)
+        if replay is not None and trainer.global_step % self.every == 0:
+            bucketer = replay.buffer.bucketer
+            known = bucketer.known_questions()
+            correct, _ = bucketer.latest_counts(known)
+            in_play = ~torch.isin(known, torch.tensor(sorted(bucketer.retired), dtype=torch.long))
+            counts = torch.bincount(correct[in_play], minlength=pl_module.num_generations + 1)
+            self.buckets.append((trainer.global_step, counts.tolist()))
+
+    def summary(self) -> dict:
+        counts = Counter(q for _, ids, _ in self.replayed for q in ids)
+        per_question = sorted(counts.values(), reverse=True)
+        top = per_question[: max(1, len(per_question) // 10)]
+        return {
+            "replays": sum(per_question),
+            "distinct_questions": len(per_question),
+            "max_replays_per_question": per_question[0] if per_question else 0,
+            "top_tenth_share": sum(top) / sum(per_question) if per_question else 0.0,
+            "replays_per_question": per_question,
+            "replayed": self.replayed,
+            "buckets": self.buckets,
+        }
 
 
-def run(
-    name: str, seed: int, budget: int, workdir: Path, threads: int, callbacks: list[Callback] = ()
-) -> list[tuple[float, float]]:
-    """One training run of a variant (with extra `callbacks`); returns (generated tokens, val pass@1) at
-    every validation, from 0."""
+def run(task: str, name: str, seed: int, steps: int | None, workdir: Path, threads: int) -> dict:
+    """One training run; returns its curve [(step, generated tokens, val pass@1)] and its diagnostics."""
     torch.set_num_threads(threads)
-    config, change = VARIANTS[name]
+    preset, change, _ = VARIANTS[name]
+    overlay = task_overlay(task)
+    if steps is not None:
+        trainer = overlay.setdefault("trainer", {})
+        trainer.update(max_steps=steps, val_check_interval=max(steps // 4, 1))
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "overlay.yaml").write_text(yaml.safe_dump(overlay))
     args = [
-        "--config", str(ROOT / "configs" / f"{config}.yaml"), f"--seed_everything={seed}",
-        "--trainer.max_steps=-1", "--trainer.max_epochs=1000", "--trainer.enable_progress_bar=false",
+        "--config", str(ROOT / "configs" / f"{preset}.yaml"), "--config", str(workdir / "overlay.yaml"),
+        f"--seed_everything={seed}", "--trainer.max_epochs=1000", "--trainer.enable_progress_bar=false",
         "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={workdir}",
     ]  # fmt: skip
     cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
-    _check_seeds_follow_the_run(cli, config)
+    _check_seeds_follow_the_run(cli, preset)
     if change is not None:
         change(cli)
-    cli.trainer.callbacks.extend([TokenBudget(budget), *callbacks])
+    replay = next((c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback)), None)
+    if replay is not None and task == "reasoning":
+        # A reasoning run sees about half an epoch: the seed's epoch trigger would never fire, so its replay
+        # starts on min_buffer_size alone (as configs/quickstart_reasoning.yaml does).
+        replay.replay_start_epoch = None
+    record = Record()
+    cli.trainer.callbacks.append(record)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    # The start (validate_at_start) goes to the logger only, as the first val/pass@1 event.
     events = EventAccumulator(cli.trainer.logger.log_dir)
     events.Reload()
-    tokens = {e.step: e.value for e in events.Scalars("train/generated_tokens")}
-    curve = []
-    for event in events.Scalars("val/pass@1"):
-        known = [s for s in tokens if s <= event.step]
-        curve.append((tokens[max(known)] if known else 0.0, event.value))
-    return curve
+    start = events.Scalars("val/pass@1")[0].value
+    return {"seed": seed, "curve": [(0, 0.0, start), *record.curve], "diagnostics": record.summary()}
 
 
 def _check_seeds_follow_the_run(cli, config: str) -> None:
@@ -127,86 +200,188 @@ def _check_seeds_follow_the_run(cli, config: str) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="the three presets, 2 seeds")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per variant (default 2 quick, 3 full)")
-    parser.add_argument("--budget", type=int, default=300_000, help="generated tokens per run")
-    parser.add_argument(
-        "--jobs", type=int, default=1, help="runs at a time, each with 2 / jobs threads (min 1)"
-    )
-    parser.add_argument(
-        "--variants", nargs="+", choices=VARIANTS, help="run only these; the other variants' results are kept"
-    )
-    args = parser.parse_args()
-    names = args.variants or (QUICK if args.quick else tuple(VARIANTS))
-    seeds = range(args.seeds or (2 if args.quick else 3))
-    suffix = "_quick" if args.quick else ""
-    threads = max(1, 2 // args.jobs)
-    kept = {}
-    if args.variants and (RESULTS / f"learning{suffix}.json").exists():
-        previous = json.loads((RESULTS / f"learning{suffix}.json").read_text())
-        kept = {name: entry["curves"] for name, entry in previous.items() if name not in names}
-    curves: dict[str, list] = {**kept, **{name: [] for name in names}}
-    # The tiny model's matmuls barely use a second thread, so two one-thread runs side by side finish
-    # sooner than two two-thread runs one after the other. Results do not depend on it (seeded runs).
-    context = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-        jobs = {
-            pool.submit(run, name, seed, args.budget, Path(tmp) / f"{i}-{seed}", threads): name
-            for i, name in enumerate(names)
-            for seed in seeds
-        }
-        for done in as_completed(jobs):
-            curves[jobs[done]].append(done.result())
-            # Written after every run, so a long run that is stopped still leaves what it measured.
-            report({name: runs for name, runs in curves.items() if runs}, args.budget, suffix)
+def interval(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of its 95% Student-t interval (0 for a single value)."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / len(values) ** 0.5
 
 
-def report(curves: dict[str, list], budget: int, suffix: str) -> None:
-    """Print the table and write the JSON and the plot for the runs finished so far."""
-    print(f"\nval pass@1 at a budget of {budget} generated tokens (mean +- std over seeds)")
-    print(f"{'variant':26s} {'seeds':>5s} {'start':>7s} {'final':>15s} {'best':>15s}")
-    summary = {}
-    for name, runs in curves.items():
-        start = statistics.mean(c[0][1] for c in runs)
-        final = [c[-1][1] for c in runs]
-        best = [max(v for _, v in c) for c in runs]
-        summary[name] = {"start": start, "final": final, "best": best, "curves": runs}
-        print(f"{name:26s} {len(runs):5d} {start:7.3f} {_fmt(final):>15s} {_fmt(best):>15s}")
+def at_tokens(curve: list, budget: float) -> float:
+    """Val pass@1 of a curve at `budget` generated tokens (linear between validations)."""
+    tokens = [point[1] for point in curve]
+    return float(np.interp(budget, tokens, [point[2] for point in curve]))
+
+
+def summarise(results: dict) -> dict:
+    """Per task and variant: start, final (equal steps), best, and the value at equal generated tokens."""
+    out = {}
+    for task, variants in results.items():
+        budget = min(run["curve"][-1][1] for runs in variants.values() for run in runs)
+        out[task] = {"token_budget": budget, "variants": {}}
+        for name, runs in variants.items():
+            out[task]["variants"][name] = {
+                "seeds": len(runs),
+                "start": interval([r["curve"][0][2] for r in runs]),
+                "final": interval([r["curve"][-1][2] for r in runs]),
+                "best": interval([max(p[2] for p in r["curve"]) for r in runs]),
+                "equal_tokens": interval([at_tokens(r["curve"], budget) for r in runs]),
+                "distinct_replayed": interval([r["diagnostics"]["distinct_questions"] for r in runs]),
+                "max_replays": interval([r["diagnostics"]["max_replays_per_question"] for r in runs]),
+            }
+    return out
+
+
+def report(results: dict, suffix: str) -> None:
+    """Print the tables and write the JSON and the plots for the runs finished so far."""
+    summary = summarise(results)
+    for task, entry in summary.items():
+        grpo = entry["variants"].get("GRPO")
+        budget = entry["token_budget"]
+        print(f"\n{task}: val pass@1, mean +- 95% interval over seeds; equal tokens = {budget:.0f}")
+        print(f"{'variant':25s} {'n':>2s} {'final (steps)':>15s} {'equal tokens':>15s} {'best':>15s} "
+              f"{'vs GRPO':>8s} {'paper':>6s} {'paper vs GRPO':>13s}")  # fmt: skip
+        for name, row in entry["variants"].items():
+            paper = VARIANTS[name][2]
+            gain = 100 * (row["final"][0] - grpo["final"][0]) if grpo else float("nan")
+            paper_gain = f"{paper - 45.3:+.1f}" if paper is not None else ""
+            print(
+                f"{name:25s} {row['seeds']:2d} {_fmt(row['final']):>15s} {_fmt(row['equal_tokens']):>15s} "
+                f"{_fmt(row['best']):>15s} {gain:+8.1f} {paper or '':>6} {paper_gain:>13s}"
+            )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"learning{suffix}.json").write_text(json.dumps(summary, indent=1))
-    _plot(curves, RESULTS / f"learning{suffix}.png", budget)
-    print(f"wrote {RESULTS / f'learning{suffix}.png'}")
+    (RESULTS / f"learning{suffix}.json").write_text(json.dumps({"summary": summary, "runs": results}))
+    for task in results:
+        _plot_curves(results[task], summary[task], RESULTS / f"learning_{task}{suffix}.png", task)
+        _plot_diagnostics(results[task], RESULTS / f"learning_{task}_replay{suffix}.png", task)
+    print(f"wrote {RESULTS}/learning{suffix}.json and its plots")
 
 
-def _fmt(values: list[float]) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.3f} +- {std:.3f}"
+def _fmt(value: tuple[float, float]) -> str:
+    return f"{value[0]:.3f} +- {value[1]:.3f}"
 
 
-def _plot(curves: dict, path: Path, budget: int) -> None:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    for name, runs in curves.items():
-        points = min(len(c) for c in runs)
-        xs = [statistics.mean(c[i][0] for c in runs) / 1000 for i in range(points)]
-        ys = [statistics.mean(c[i][1] for c in runs) for i in range(points)]
-        style = "-" if name in QUICK else ":"  # presets solid, ablations dotted
-        ax.plot(xs, ys, marker="o", markersize=3, label=name, linestyle=style)
-    ax.set_xlabel("generated tokens (thousands)")
-    ax.set_ylabel("val pass@1 (mean over seeds)")
-    ax.set_title(f"embedded arithmetic task, budget {budget // 1000}K generated tokens")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the curves, not over them
+    return plt
+
+
+def _plot_curves(runs_by_variant: dict, summary: dict, path: Path, task: str) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for name, runs in runs_by_variant.items():
+        points = min(len(r["curve"]) for r in runs)
+        curves = np.array([[p for p in r["curve"][:points]] for r in runs])  # [seeds, points, 3]
+        style = "-" if name in PRESETS else ":"  # presets solid with their intervals, ablations dotted
+        for ax, column in zip(axes, (0, 1)):
+            xs = curves[:, :, column].mean(0) / (1 if column == 0 else 1000)
+            mean = curves[:, :, 2].mean(0)
+            (line,) = ax.plot(xs, mean, marker="o", markersize=3, linestyle=style, label=name)
+            if name in PRESETS and len(runs) > 1:
+                half = [interval(list(curves[:, i, 2]))[1] for i in range(points)]
+                ax.fill_between(xs, mean - half, mean + half, color=line.get_color(), alpha=0.15)
+    axes[0].set_xlabel("optimizer steps")
+    axes[1].set_xlabel("generated tokens (thousands)")
+    axes[1].axvline(summary["token_budget"] / 1000, color="grey", linewidth=0.8, linestyle="--")
+    axes[0].set_ylabel("val pass@1 (mean over seeds; band: 95% interval)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{task} task: GRPO vs ExGRPO and the paper's ablations")
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_diagnostics(runs_by_variant: dict, path: Path, task: str) -> None:
+    """For the replaying presets (first seed): buckets over time, families replayed, replays per question."""
+    plt = _pyplot()
+    shown = [n for n in ("ExGRPO paper", "ExGRPO seed") if n in runs_by_variant]
+    if not shown:
+        return
+    fig, axes = plt.subplots(len(shown), 3, figsize=(14, 3.4 * len(shown)), squeeze=False)
+    for row, name in zip(axes, shown):
+        diagnostics = runs_by_variant[name][0]["diagnostics"]
+        if diagnostics["buckets"]:
+            steps = [s for s, _ in diagnostics["buckets"]]
+            counts = np.array([c for _, c in diagnostics["buckets"]]).T  # [K+1, points]
+            row[0].stackplot(steps, counts, labels=[f"{k} correct" for k in range(len(counts))])
+            row[0].legend(fontsize=6, ncol=3, loc="upper left")
+        row[0].set_title(f"{name}: questions in play per bucket", fontsize=9)
+        row[0].set_xlabel("step")
+        families = sorted({f for _, _, fam in diagnostics["replayed"] for f in fam})
+        windows: dict[int, Counter] = {}
+        for step, _, fam in diagnostics["replayed"]:
+            windows.setdefault(step // 40 * 40, Counter()).update(fam)
+        if windows and families:
+            starts = sorted(windows)
+            share = np.array([[windows[s][f] / sum(windows[s].values()) for s in starts] for f in families])
+            row[1].stackplot(starts, share, labels=families)
+            row[1].legend(fontsize=6, ncol=2, loc="upper left")
+        row[1].set_title(f"{name}: families of replayed questions (per 40 steps)", fontsize=9)
+        row[1].set_xlabel("step")
+        per_question = diagnostics["replays_per_question"]
+        if per_question:
+            row[2].hist(per_question, bins=range(1, max(per_question) + 2), log=True)
+        row[2].set_title(
+            f"{name}: replays per question ({diagnostics['distinct_questions']} distinct)", fontsize=9
+        )
+    fig.suptitle(f"{task} task: what replay did (seed {runs_by_variant[shown[0]][0]['seed']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="the three presets, 2 seeds, short runs")
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, help="default: all (--quick: presets)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per variant (default 2 quick, 5 full)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the task's)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, each with 2 / jobs threads")
+    parser.add_argument("--resume", action="store_true", help="keep finished runs of the results file")
+    args = parser.parse_args()
+    names = args.variants or (PRESETS if args.quick else tuple(VARIANTS))
+    seeds = range(args.seeds or (2 if args.quick else 5))
+    suffix = "_quick" if args.quick else ""
+    threads = max(1, 2 // args.jobs)
+    results: dict = {task: {} for task in args.tasks}
+    path = RESULTS / f"learning{suffix}.json"
+    if path.exists():  # other tasks and variants of an earlier run stay; with --resume its runs of these too
+        previous = json.loads(path.read_text())["runs"]
+        for task, variants in previous.items():
+            for name, runs in variants.items():
+                if task not in args.tasks or name not in names or args.resume:
+                    results.setdefault(task, {})[name] = runs
+    todo = [
+        (task, name, seed)
+        for task in args.tasks
+        for name in names
+        for seed in seeds
+        if seed not in {r["seed"] for r in results[task].get(name, [])}
+    ]
+    # The tiny models' matmuls barely use a second thread, so two one-thread runs side by side finish
+    # sooner than two two-thread runs one after the other. Results do not depend on it (seeded runs).
+    context = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        jobs = {}
+        for task, name, seed in todo:
+            steps = args.steps or (QUICK_STEPS[task] if args.quick else None)
+            workdir = Path(tmp) / f"{task}-{name.replace(' ', '_')}-{seed}"
+            jobs[pool.submit(run, task, name, seed, steps, workdir, threads)] = (task, name)
+        for done in as_completed(jobs):
+            task, name = jobs[done]
+            results[task].setdefault(name, []).append(done.result())
+            # Written after every run, so a long run that is stopped still leaves what it measured.
+            report({t: {n: r for n, r in v.items() if r} for t, v in results.items() if v}, suffix)
 
 
 if __name__ == "__main__":

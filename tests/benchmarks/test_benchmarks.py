@@ -49,12 +49,18 @@ def test_overhead_benchmark(bench):
 
 
 def test_learning_benchmark(bench):
-    out = bench(
-        "learning", "--quick", "--seeds", "1", "--budget", "3000", "--variants", "GRPO", "ExGRPO seed"
-    )
+    out = bench("learning", "--quick", "--seeds", "1", "--steps", "4", "--variants", "GRPO", "ExGRPO paper")
     result = json.loads((out / "learning_quick.json").read_text())
-    assert set(result) == {"GRPO", "ExGRPO seed"}
-    for entry in result.values():
-        tokens = [point[0] for point in entry["curves"][0]]
-        assert tokens[0] == 0.0 and tokens == sorted(tokens) and tokens[-1] >= 3000
-    assert (out / "learning_quick.png").exists()
+    assert set(result["runs"]) == {"arithmetic", "reasoning"}
+    for task, variants in result["runs"].items():
+        assert set(variants) == {"GRPO", "ExGRPO paper"}
+        for (run,) in variants.values():
+            steps = [point[0] for point in run["curve"]]
+            tokens = [point[1] for point in run["curve"]]
+            assert steps[0] == 0 and steps[-1] == 4 and tokens == sorted(tokens) and tokens[-1] > 0
+        assert variants["GRPO"][0]["diagnostics"]["replays"] == 0
+        summary = result["summary"][task]
+        assert summary["token_budget"] <= min(v[0]["curve"][-1][1] for v in variants.values())
+        assert (out / f"learning_{task}_quick.png").exists() and (
+            out / f"learning_{task}_replay_quick.png"
+        ).exists()

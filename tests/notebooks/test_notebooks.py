@@ -100,19 +100,22 @@ def test_buffer_analysis_notebook_runs_on_a_tiny_run(tiny_run):
 
 @pytest.mark.slow
 def test_grpo_vs_exgrpo_notebook_runs_on_a_tiny_results_file(tmp_path):
-    def curves(offset):
-        return [
-            [[0.0, 0.27], [4e4, 0.33 + offset], [8e4, 0.36 + offset]],
-            [[0.0, 0.27], [4e4, 0.35 + offset]],
-        ]
+    def seed_run(seed, offset, tokens_per_step):
+        curve = [(step, step * tokens_per_step, 0.27 + offset * step / 40) for step in (0, 20, 40)]
+        replays = [5, 3, 1] if tokens_per_step < 1000 else []
+        diagnostics = {"replays": sum(replays), "distinct_questions": len(replays), "top_tenth_share": 0.5,
+                       "max_replays_per_question": max(replays, default=0), "replays_per_question": replays,
+                       "replayed": [], "buckets": []}  # fmt: skip
+        return {"seed": seed, "curve": curve, "diagnostics": diagnostics}
 
-    results = {
-        name: {"start": 0.27, "final": [0.36 + off, 0.35 + off], "best": [0.37 + off, 0.36 + off],
-               "curves": curves(off)}
-        for name, off in (("GRPO", 0.02), ("ExGRPO paper", -0.01), ("ExGRPO seed", 0.0))
-    }  # fmt: skip
+    variants = (("GRPO", 0.1, 1000), ("ExGRPO paper", 0.08, 900), ("ExGRPO seed", 0.12, 700))
+    seeds = {name: [seed_run(s, off + s / 100, tokens) for s in (0, 1)] for name, off, tokens in variants}
+    runs = {task: seeds for task in ("arithmetic", "reasoning")}
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from learning import summarise  # the benchmark's own summary, so the file has its real layout
+
     path = tmp_path / "learning_tiny.json"
-    path.write_text(json.dumps(results))
+    path.write_text(json.dumps({"summary": summarise(runs), "runs": runs}))
     execute("grpo_vs_exgrpo.ipynb", {"EXGRPO_LEARNING_JSON": str(path)}, ROOT / "notebooks")
 
 
