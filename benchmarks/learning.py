@@ -25,6 +25,7 @@ import argparse
 import json
 import multiprocessing
 import statistics
+import subprocess
 import tempfile
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -251,7 +252,9 @@ def report(results: dict, suffix: str) -> None:
                 f"{_fmt(row['best']):>15s} {gain:+8.1f} {paper or '':>6} {paper_gain:>13s}"
             )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"learning{suffix}.json").write_text(json.dumps({"summary": summary, "runs": results}))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    record = {"commit": commit.strip(), "summary": summary, "runs": results}
+    (RESULTS / f"learning{suffix}.json").write_text(json.dumps(record))
     for task in results:
         _plot_curves(results[task], summary[task], RESULTS / f"learning_{task}{suffix}.png", task)
         _plot_diagnostics(results[task], RESULTS / f"learning_{task}_replay{suffix}.png", task)
