@@ -358,12 +358,13 @@ def main() -> None:
     threads = max(1, 2 // args.jobs)
     results: dict = {task: {} for task in args.tasks}
     path = RESULTS / f"learning{suffix}.json"
-    if path.exists():  # other tasks and variants of an earlier run stay; with --resume its runs of these too
-        previous = json.loads(path.read_text())["runs"]
-        for task, variants in previous.items():
-            for name, runs in variants.items():
-                if task not in args.tasks or name not in names or args.resume:
-                    results.setdefault(task, {})[name] = runs
+    # Other tasks and variants of an earlier run stay; with --resume its runs of these too. (A file of the
+    # older layout, without "runs", is replaced.)
+    previous = json.loads(path.read_text()).get("runs", {}) if path.exists() else {}
+    for task, variants in previous.items():
+        for name, runs in variants.items():
+            if task not in args.tasks or name not in names or args.resume:
+                results.setdefault(task, {})[name] = runs
     todo = [
         (task, name, seed)
         for task in args.tasks
