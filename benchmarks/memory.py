@@ -440,28 +440,38 @@ def report(result: dict) -> None:
 
 
 def plot(everything: dict, path: Path) -> None:
+    """Per device: the step peaks side by side, and (CPU) the rescoring call alone."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(everything), figsize=(6.5 * len(everything), 4.5), squeeze=False)
-    for ax, (device, result) in zip(axes[0], everything.items()):
+    panels = [(device, "step") for device in everything]
+    panels += [(device, "rescore") for device, result in everything.items() if result["rescore"].get("after")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (device, kind) in zip(axes[0], panels):
+        result = everything[device]
         field = "above_start" if device == "cpu" else "peak"
-        labels = list(result["step"]["after"])
-        width = 0.8 / len(result["step"])
-        for i, (name, steps) in enumerate(result["step"].items()):
-            values = [steps[label]["step"][field] / 2**20 for label in labels]
-            xs = [x + (i - (len(result["step"]) - 1) / 2) * width for x in range(len(labels))]
-            bars = ax.bar(xs, values, width, label=name)
-            ax.bar_label(bars, fmt="%.0f", fontsize=7)
-        ax.set_xticks(range(len(labels)), [label.replace(" (", "\n(") for label in labels], fontsize=8)
-        ax.set_ylabel(
-            "step peak, MiB " + ("above the step's start (RSS)" if device == "cpu" else "(allocated)")
+        entries = result[kind]
+        labels = list(entries["after"])
+        width = 0.8 / len(entries)
+        for i, (name, measured) in enumerate(entries.items()):
+            values = [(measured[label]["step"] if kind == "step" else measured[label])[field] / 2**20
+                      for label in labels]  # fmt: skip
+            xs = [x + (i - (len(entries) - 1) / 2) * width for x in range(len(labels))]
+            ax.bar_label(ax.bar(xs, values, width, label=name), fmt="%.0f", fontsize=7)
+        names = [label.replace(" (", "\n(") if kind == "step" else f"{label} stored" for label in labels]
+        ax.set_xticks(range(len(labels)), names, fontsize=8)
+        unit = "MiB above its start (RSS)" if device == "cpu" else "MiB allocated"
+        ax.set_ylabel(("step peak, " if kind == "step" else "rescoring call peak, ") + unit)
+        work = result["work"]
+        shape = f"vocab {result['model']['vocab_size']}, {work['completion']} tokens"
+        what = (
+            f"{work['questions']}x{work['k']} rollouts, micro-batch {work['micro_batch_size']}"
+            if kind == "step"
+            else "rescoring alone, the module's default micro-batch"
         )
-        ax.set_title(f"{result['device']}: vocab {result['model']['vocab_size']}, "
-                     f"{result['work']['questions']}x{result['work']['k']} rollouts x "
-                     f"{result['work']['completion']} tokens", fontsize=9)  # fmt: skip
+        ax.set_title(f"{result['device']}: {shape}\n{what}", fontsize=9)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
