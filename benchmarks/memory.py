@@ -59,6 +59,7 @@ WORK = {  # questions per step, K, completion tokens, training micro-batch
 }
 VARIANTS = ("GRPO", "paper preset")
 STORED = (64, 1024)
+PARTS = ("softmax", "rescore", "step")
 
 
 # ------------------------------------------------------------------------------------------- meters
@@ -132,6 +133,8 @@ def worker(spec: dict) -> dict:
 
     from exgrpo_pl.module import ExGRPOModule
 
+    if spec["job"] == "softmax":
+        return softmax_work(spec)
     device = spec["device"]
     work = spec["work"]
     preset = spec["variant"] == "paper preset"
@@ -244,6 +247,60 @@ def _step(module, meter: Meter, spec: dict, preset: bool) -> dict:
     }
 
 
+def softmax_work(spec: dict) -> dict:
+    """Log-probs and entropies of one training micro-batch's logits (random, bf16): the whole-tensor code
+    before (one float32 copy of `[N, C, V]`, then `selective_log_softmax` and `token_entropy`) against the
+    chunked `token_logps_and_entropy`; their agreement, peak memory and time, without and with a backward."""
+    import statistics
+
+    import torch
+
+    from exgrpo_pl.logprobs import token_logps_and_entropy
+    from exgrpo_pl.losses import selective_log_softmax, token_entropy
+
+    device, work, vocab = spec["device"], spec["work"], spec["vocab"]
+    rows, length = work["micro_batch_size"], work["completion"]
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = (torch.randn(rows, length + 1, vocab, generator=g, device=device) * 3).bfloat16()
+    ids = torch.randint(0, vocab, (rows, length), generator=g, device=device)
+
+    def whole(x):
+        y = x[:, :-1].float() / 1.0  # [N, C, V] float32
+        return selective_log_softmax(y, ids), token_entropy(y)
+
+    def chunked(x, chunk_elements=None):
+        options = {} if chunk_elements is None else {"chunk_elements": chunk_elements}
+        return token_logps_and_entropy(x, ids, 1.0, **options)
+
+    with torch.no_grad():
+        want, got, small = whole(logits), chunked(logits), chunked(logits, 2**20)
+    result = {
+        "shape": [rows, length, vocab],
+        "max_abs_diff": [float((a - b).abs().max()) for a, b in zip(got, want)],  # logps, entropies
+        "within_1e-6": all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(got, want)),
+        "chunk_size_independent": all(torch.equal(a, b) for a, b in zip(got, small)),
+    }
+    meter = Meter(device)
+    for grad in (False, True):
+        seconds: dict[str, list[float]] = {"whole": [], "chunked": []}
+        for repeat in range(6):  # alternating; the first round warms up
+            for name, fn in (("whole", whole), ("chunked", chunked)):
+                x = logits.detach().clone().requires_grad_(grad)
+                start, started = meter.reset(), time.perf_counter()
+                with torch.set_grad_enabled(grad):
+                    logps, entropy = fn(x)
+                    if grad:
+                        (logps.sum() + entropy.sum()).backward()
+                peak = meter.peak()  # synchronises on CUDA
+                if repeat:
+                    seconds[name].append(time.perf_counter() - started)
+                result[f"{name} {'backward' if grad else 'no grad'}"] = {"above_start": peak - start}
+                del x, logps, entropy
+        for name, values in seconds.items():
+            result[f"{name} {'backward' if grad else 'no grad'}"]["seconds"] = statistics.median(values)
+    return result
+
+
 def stored_rows(module, count: int, work: dict, vocab: int, question_ids):
     """`count` stored trajectories with full-length random completions, half of each question's correct.
 
@@ -337,6 +394,9 @@ def main() -> None:
     parser.add_argument("--stored", type=int, nargs="+", default=list(STORED), help="stored trajectories")
     parser.add_argument("--micro-batch-size", type=int, help="training micro-batch (default per device)")
     parser.add_argument("--strategy", default="auto", help="Lightning strategy, e.g. deepspeed_stage_2")
+    parser.add_argument(
+        "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default: all)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--code", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -353,7 +413,8 @@ def main() -> None:
     if args.micro_batch_size:
         work["micro_batch_size"] = args.micro_batch_size
     codes = {"after": ROOT}
-    revision = None if args.no_baseline or args.device == "cuda" else (args.baseline or baseline_revision())
+    compared = {"rescore", "step"} & set(args.parts) and not args.no_baseline and args.device == "cpu"
+    revision = (args.baseline or baseline_revision()) if compared else None
     with tempfile.TemporaryDirectory() as tmp:
         if revision:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", f"{tmp}/before", revision],
@@ -365,13 +426,16 @@ def main() -> None:
             if revision:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", f"{tmp}/before"],
                                check=False, capture_output=True)  # fmt: skip
-    result["baseline_revision"] = revision
-    report(result)
+    if {"rescore", "step"} & set(args.parts):
+        result["baseline_revision"] = revision
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "memory_quick" if args.quick else "memory"
     path = RESULTS / f"{name}.json"
     everything = json.loads(path.read_text()) if path.exists() else {}
+    if set(args.parts) != set(PARTS) and args.device in everything:  # a partial rerun updates its parts
+        result = {**everything[args.device], **result}
     everything[args.device] = result
+    report(result)
     path.write_text(json.dumps(everything, indent=1))
     plot(everything, RESULTS / f"{name}.png")
 
@@ -379,25 +443,31 @@ def main() -> None:
 def measure(args, key: str, work: dict, codes: dict[str, Path], tmp: Path) -> dict:
     import torch
 
-    model_dir = tmp / "model"
-    build_model(model_dir, MODEL[key], args.device)
-    base = dict(device=args.device, work=work, model_dir=str(model_dir), vocab=MODEL[key]["vocab_size"],
-                strategy=args.strategy)  # fmt: skip
+    base = dict(device=args.device, work=work, vocab=MODEL[key]["vocab_size"], strategy=args.strategy)
     result = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "model": MODEL[key], "work": work, "torch": torch.__version__,
         "unit": "bytes; CPU: resident memory, CUDA: torch.cuda.max_memory_allocated",
-        "rescore": {}, "step": {},
     }  # fmt: skip
+    if "softmax" in args.parts:
+        result["softmax"] = run_worker(dict(base, job="softmax"), ROOT)
+    if not {"rescore", "step"} & set(args.parts):
+        return result
+    base["model_dir"] = str(tmp / "model")
+    build_model(tmp / "model", MODEL[key], args.device)
+    for part in ("rescore", "step"):
+        if part in args.parts:
+            result[part] = {name: {} for name in codes}
     for name, code in codes.items():
-        result["rescore"][name], result["step"][name] = {}, {}
-        if args.device == "cpu":  # the call alone, at the module's default rescoring micro-batch
+        if "rescore" in args.parts and args.device == "cpu":  # the call alone, the default micro-batch
             for stored in args.stored:
                 spec = dict(base, job="rescore", variant="paper preset", stored=stored, micro_batch_size=None)
                 result["rescore"][name][str(stored)] = run_worker(spec, code)
                 print(
                     f"{name:6s} rescoring call, {stored} stored: {_mib(result['rescore'][name][str(stored)])}"
                 )
+        if "step" not in args.parts:
+            continue
         for variant, stored in [("GRPO", 0)] + [("paper preset", s) for s in args.stored]:
             label = variant if not stored else f"{variant} ({stored} stored)"
             spec = dict(
@@ -406,6 +476,21 @@ def measure(args, key: str, work: dict, codes: dict[str, Path], tmp: Path) -> di
             result["step"][name][label] = run_worker(spec, code)
             print(f"{name:6s} {label:28s} step: {_mib(result['step'][name][label]['step'])}", flush=True)
     return result
+
+
+def print_softmax(entry: dict) -> None:
+    rows, length, vocab = entry["shape"]
+    print(
+        f"softmax work of {rows} rows x {length} tokens x {vocab}: chunked vs whole tensor, max abs diff "
+        f"logps {entry['max_abs_diff'][0]:.2e}, entropies {entry['max_abs_diff'][1]:.2e} (within 1e-6: "
+        f"{entry['within_1e-6']}); any chunk size the same bits: {entry['chunk_size_independent']}"
+    )
+    for mode in ("no grad", "backward"):
+        whole, chunked = entry[f"whole {mode}"], entry[f"chunked {mode}"]
+        print(
+            f"  {mode:8s} whole {whole['above_start'] / 2**20:8.0f} MiB {whole['seconds'] * 1e3:8.1f} ms   "
+            f"chunked {chunked['above_start'] / 2**20:8.0f} MiB {chunked['seconds'] * 1e3:8.1f} ms"
+        )
 
 
 def _mib(entry: dict) -> str:
@@ -417,7 +502,7 @@ def report(result: dict) -> None:
     absolute = result["device"] != "cpu"  # CPU: the process's baseline (Python, torch) is not GPU-like
     field = "peak" if absolute else "above_start"
     print(f"step peak ({'allocated' if absolute else 'resident memory above the step start'}), MiB:")
-    for name, steps in result["step"].items():
+    for name, steps in result.get("step", {}).items():
         grpo = steps["GRPO"]["step"][field]
         for label, entry in steps.items():
             phases = ", ".join(
@@ -427,13 +512,15 @@ def report(result: dict) -> None:
             ratio = entry["step"][field] / grpo
             print(f"  {name:6s} {label:30s} {entry['step'][field] / 2**20:9.1f}  {ratio:5.2f}x GRPO   "
                   f"(above phase start: {phases}; rescored {entry['rescored_rows']} rows)")  # fmt: skip
-    for name, calls in result["rescore"].items():
+    for name, calls in result.get("rescore", {}).items():
         line = ", ".join(
             f"{stored} stored {e['above_start'] / 2**20:.0f} MiB in {e['seconds']:.1f} s"
             for stored, e in calls.items()
         )
         print(f"  {name:6s} rescoring call alone (default micro-batch): {line}")
-    if absolute:
+    if "softmax" in result:
+        print_softmax(result["softmax"])
+    if absolute and "step" in result:
         steps = result["step"]["after"]
         worst = max(e["step"]["peak"] for label, e in steps.items() if label != "GRPO")
         print(f"paper preset / GRPO peak: {worst / steps['GRPO']['step']['peak']:.3f} (target <= 1.05)")
@@ -446,8 +533,10 @@ def plot(everything: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(device, "step") for device in everything]
-    panels += [(device, "rescore") for device, result in everything.items() if result["rescore"].get("after")]
+    panels = [(device, "step") for device, result in everything.items() if result.get("step")]
+    panels += [
+        (device, "rescore") for device, result in everything.items() if result.get("rescore", {}).get("after")
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, (device, kind) in zip(axes[0], panels):
         result = everything[device]
