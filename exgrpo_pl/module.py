@@ -28,6 +28,7 @@ from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.engines import SamplingConfig, build_engine, check_engine
 from exgrpo_pl.groups import RolloutPlan, assemble_groups, plan_rollouts
 from exgrpo_pl.logging_steps import step_metrics, writes_step_metrics
+from exgrpo_pl.logprobs import DEFAULT_CHUNK_ELEMENTS
 from exgrpo_pl.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
 from exgrpo_pl.mixin import ReplayMixin
 from exgrpo_pl.models import DTYPES, load_policy, load_tokenizer, lora_config
@@ -80,6 +81,9 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         max_nonfinite_steps: an update whose loss or gradient norm is NaN or infinite is skipped (the weights
             stay as they were, `train/nonfinite_steps` counts it); this many in a row stop the run.
         micro_batch_size: rollouts per forward/backward (bounds activation memory); None = all at once.
+            Rescoring stored trajectories runs forwards of this many rows too (K when None).
+        logit_chunk_elements: logits per float32 chunk of the log-prob and entropy work (training, reference
+            and rescoring forwards): bounds its memory beyond the model's own logits.
         correct_threshold: a rollout is correct when its reward exceeds this.
         off_policy_correction: weight of replayed tokens: "shaping" (w / (w + shaping_beta)),
             "truncate" (min(w, is_truncation)) or "none" (w).
@@ -126,6 +130,7 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         max_grad_norm: float = 1.0,
         max_nonfinite_steps: int = 3,
         micro_batch_size: int | None = None,
+        logit_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
         correct_threshold: float = 0.5,
         off_policy_correction: str = "shaping",
         shaping_beta: float = 0.1,
@@ -346,6 +351,7 @@ _NUMBERS = {
     "max_grad_norm": dict(low=0),
     "max_nonfinite_steps": dict(low=1, integer=True),
     "micro_batch_size": dict(low=1, integer=True, optional=True),
+    "logit_chunk_elements": dict(low=1, integer=True),
     "correct_threshold": dict(),
     "shaping_beta": dict(low=0, low_open=True),
     "is_truncation": dict(low=0, low_open=True),

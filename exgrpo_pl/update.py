@@ -87,6 +87,7 @@ def policy_update(
             logps, entropy = completion_logps(
                 module.policy, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
                 rollouts.completion_ids[rows], rollouts.completion_mask[rows], hp.temperature,
+                chunk_elements=hp.logit_chunk_elements,
             )  # fmt: skip
             if iteration == 0:
                 old_logps[rows] = logps.detach()
@@ -153,6 +154,7 @@ def reference_logps(module: LightningModule, rollouts: RolloutBatch, rows: slice
         logps, _ = completion_logps(
             reference, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows], rollouts.completion_ids[rows],
             rollouts.completion_mask[rows], module.hparams.temperature, with_entropy=False,
+            chunk_elements=module.hparams.logit_chunk_elements,
         )  # fmt: skip
     return logps
 

@@ -64,3 +64,12 @@ def test_learning_benchmark(bench):
         assert (out / f"learning_{task}_quick.png").exists() and (
             out / f"learning_{task}_replay_quick.png"
         ).exists()
+
+
+def test_memory_benchmark(bench):
+    out = bench("memory", "--quick", "--no-baseline", "--stored", "64")
+    result = json.loads((out / "memory_quick.json").read_text())["cpu"]
+    assert set(result["step"]["after"]) == {"GRPO", "paper preset (64 stored)"}
+    assert result["step"]["after"]["paper preset (64 stored)"]["rescored_rows"] == 64
+    assert result["softmax"]["within_1e-6"] and result["softmax"]["chunk_size_independent"]
+    assert (out / "memory_quick.png").exists()
