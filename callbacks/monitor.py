@@ -29,6 +29,7 @@ from typing_extensions import override
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.difficulty import tier_of
+from exgrpo_pl.validation import check_number
 
 _HEATMAP_TAG = "monitor/difficulty_entropy_heatmap"
 _ENTROPY_BINS = 10  # rows of the difficulty x entropy heatmap
@@ -84,17 +85,11 @@ class DifficultyMonitor(Callback):
         completion_table_every_n_steps: int = 100,
         completion_samples: int = 8,
     ) -> None:
-        if log_every_n_steps < 1:
-            raise ValueError(f"DifficultyMonitor log_every_n_steps={log_every_n_steps}: must be >= 1")
-        if num_tiers < 1:
-            raise ValueError(f"DifficultyMonitor num_tiers={num_tiers}: must be >= 1")
-        if completion_table_every_n_steps < 0:
-            raise ValueError(
-                f"DifficultyMonitor completion_table_every_n_steps={completion_table_every_n_steps}: "
-                "must be >= 0"
-            )
-        if completion_samples < 1:
-            raise ValueError(f"DifficultyMonitor completion_samples={completion_samples}: must be >= 1")
+        check_number("DifficultyMonitor", "log_every_n_steps", log_every_n_steps, 1, integer=True)
+        check_number("DifficultyMonitor", "num_tiers", num_tiers, 1, integer=True)
+        every = completion_table_every_n_steps
+        check_number("DifficultyMonitor", "completion_table_every_n_steps", every, 0, integer=True)
+        check_number("DifficultyMonitor", "completion_samples", completion_samples, 1, integer=True)
         self.log_every_n_steps = log_every_n_steps
         self.num_tiers = num_tiers
         self.completion_table_every_n_steps = completion_table_every_n_steps

@@ -25,6 +25,7 @@ from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule, StepC
 from exgrpo_pl.logging_steps import writes_step_metrics
 from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.strategies import needs_synced_generation, zero_stage
+from exgrpo_pl.validation import check_number
 
 
 class ReplayCallback(Callback):
@@ -68,14 +69,11 @@ class ReplayCallback(Callback):
     ) -> None:
         if mode not in REPLAY_MODES:
             raise ValueError(f"ReplayCallback mode={mode!r}; allowed: {', '.join(REPLAY_MODES)}")
-        if not 0.0 < mix_fraction <= 1.0:
-            raise ValueError(f"ReplayCallback mix_fraction={mix_fraction}: must be in (0, 1]")
-        if replay_start_epoch is not None and replay_start_epoch < 0:
-            raise ValueError(f"ReplayCallback replay_start_epoch={replay_start_epoch}: must be >= 0")
-        if start_pass_rate is not None and not 0.0 <= start_pass_rate <= 1.0:
-            raise ValueError(f"ReplayCallback start_pass_rate={start_pass_rate}: must be in [0, 1]")
-        if min_buffer_size < 1:
-            raise ValueError(f"ReplayCallback min_buffer_size={min_buffer_size}: must be >= 1")
+        check_number("ReplayCallback", "mix_fraction", mix_fraction, 0, 1, low_open=True)
+        start_epoch = replay_start_epoch
+        check_number("ReplayCallback", "replay_start_epoch", start_epoch, 0, integer=True, optional=True)
+        check_number("ReplayCallback", "start_pass_rate", start_pass_rate, 0, 1, optional=True)
+        check_number("ReplayCallback", "min_buffer_size", min_buffer_size, 1, integer=True)
         self.buffer = buffer if buffer is not None else TrajectoryBuffer()
         self.replay = replay if replay is not None else SelectiveReplay()
         percentiles = self.buffer.entropy_percentiles

@@ -26,6 +26,7 @@ from exgrpo_pl.difficulty import (
     tier_of,
 )
 from exgrpo_pl.ragged import GroupIndex, RaggedStore, ragged_index, row_hashes
+from exgrpo_pl.validation import check_number
 
 QUESTION_SAMPLING = ("medium_range", "gaussian", "uniform")
 TRAJECTORY_SELECTION = ("low_entropy_percentile", "lowest_entropy", "highest_entropy", "random")
@@ -148,19 +149,18 @@ class TrajectoryBuffer:
         max_per_question: int | None = None,
         dedup: bool = True,
     ) -> None:
-        if max_size < 1:
-            raise ValueError(f"max_size must be >= 1, got {max_size}")
-        if difficulty_tiers < 1:
-            raise ValueError(f"difficulty_tiers must be >= 1, got {difficulty_tiers}")
+        check_number("TrajectoryBuffer", "max_size", max_size, 1, integer=True)
+        check_number("TrajectoryBuffer", "difficulty_tiers", difficulty_tiers, 1, integer=True)
+        check_number("TrajectoryBuffer", "max_per_question", max_per_question, 1, integer=True, optional=True)
+        for p in entropy_percentiles:
+            check_number("TrajectoryBuffer", "entropy_percentiles", p, 0, 100)
         percentiles = [float(p) for p in entropy_percentiles]
-        if any(not 0 <= p <= 100 for p in percentiles) or any(
+        if any(
             a >= b for a, b in zip(percentiles[:-1], percentiles[1:], strict=True)
         ):
             raise ValueError(
                 f"entropy_percentiles must be increasing values in [0, 100], got {entropy_percentiles}"
             )
-        if max_per_question is not None and max_per_question < 1:
-            raise ValueError(f"max_per_question must be >= 1 or None, got {max_per_question}")
         if keep not in KEEP_MODES:
             raise ValueError(f"keep must be one of {list(KEEP_MODES)}, got {keep!r}")
         self.max_size = int(max_size)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.ragged import ragged_index
+from exgrpo_pl.validation import check_number
 
 METRICS = ("correctness_rate",)
 
@@ -90,10 +91,9 @@ class DifficultyBucketer:
     ) -> None:
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
-        if window_size < 1:
-            raise ValueError(f"window_size must be >= 1, got {window_size}")
-        if min_retire_group < 1:
-            raise ValueError(f"min_retire_group must be >= 1, got {min_retire_group}")
+        check_number("DifficultyBucketer", "window_size", window_size, 1, integer=True)
+        check_number("DifficultyBucketer", "correct_threshold", correct_threshold)
+        check_number("DifficultyBucketer", "min_retire_group", min_retire_group, 1, integer=True)
         self.metric = metric
         self.window_size = int(window_size)
         self.correct_threshold = float(correct_threshold)

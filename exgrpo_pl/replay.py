@@ -14,6 +14,7 @@ from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.buffer import EntropyFn, TrajectoryBuffer, resolve_strategy
 from exgrpo_pl.difficulty import check_rate_range
 from exgrpo_pl.seeding import derive_seed, split_seed
+from exgrpo_pl.validation import check_number
 
 # The trajectory selections for which `TrajectoryBuffer.sample` calls `entropy_fn` (the others rank by the
 # entropy stored at collection, or not at all).
@@ -59,10 +60,10 @@ class SelectiveReplay:
         self.question_sampling, self.trajectory_selection = resolve_strategy(
             strategy, question_sampling, trajectory_selection
         )
-        if not 0.0 <= replay_probability <= 1.0:
-            raise ValueError(f"replay_probability must be in [0, 1], got {replay_probability!r}")
-        if not gaussian_sigma > 0:
-            raise ValueError(f"gaussian_sigma must be > 0, got {gaussian_sigma!r}")
+        check_number("SelectiveReplay", "replay_probability", replay_probability, 0, 1)
+        check_number("SelectiveReplay", "entropy_percentile", entropy_percentile, 0, 100)
+        check_number("SelectiveReplay", "gaussian_sigma", gaussian_sigma, 0, low_open=True)
+        check_number("SelectiveReplay", "seed", seed, integer=True, optional=True)
         self.strategy = strategy
         self.replay_probability = float(replay_probability)
         self.medium_difficulty_range = check_rate_range(medium_difficulty_range, "medium_difficulty_range")

@@ -33,6 +33,7 @@ from exgrpo_pl.data.loading import check_answer_from, load_rows, split_rows
 from exgrpo_pl.data.synthetic import ArithmeticTask
 from exgrpo_pl.data.task import SyntheticTask
 from exgrpo_pl.seeding import derive_seed, split_seed
+from exgrpo_pl.validation import check_number
 
 _FIXED_KEYS = ("id", "prompt", "answer", "domain")
 
@@ -283,10 +284,11 @@ class PromptDataModule(L.LightningDataModule):
         drop_last: bool = True,
     ) -> None:
         super().__init__()
-        if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
-            raise ValueError(f"batch sizes must be >= 1, got {batch_size} and {val_batch_size}")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        check_number("PromptDataModule", "val_fraction", val_fraction, 0, 1, high_open=True)
+        check_number("PromptDataModule", "batch_size", batch_size, 1, integer=True)
+        check_number("PromptDataModule", "val_batch_size", val_batch_size, 1, integer=True, optional=True)
+        check_number("PromptDataModule", "num_workers", num_workers, 0, integer=True)
+        check_number("PromptDataModule", "seed", seed, integer=True, optional=True)
         check_answer_from(answer_from)
         # The task object stays out of the hyperparameters: checkpoints must load with weights_only=True.
         self.save_hyperparameters(ignore=["synthetic"])

@@ -18,6 +18,7 @@ from typing import Any
 
 from exgrpo_pl.data.loading import split_rows
 from exgrpo_pl.rewards.reasoning import parse_terms
+from exgrpo_pl.validation import check_number
 
 REASONING_ALPHABET = "0123456789+-=;"
 """Every character a prompt or derivation of the task can contain (tokenizers are built over it)."""
@@ -96,8 +97,8 @@ class ReasoningTask:
     def __init__(
         self, num_questions: int = 20000, seed: int = 0, families: Sequence[str] | None = None
     ) -> None:
-        if num_questions < 1:
-            raise ValueError(f"ReasoningTask: num_questions must be >= 1, got {num_questions}")
+        check_number("ReasoningTask", "num_questions", num_questions, 1, integer=True)
+        check_number("ReasoningTask", "seed", seed, integer=True)
         families = REASONING_FAMILIES if families is None else tuple(families)
         for name in families:
             if name not in _FAMILIES:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from exgrpo_pl.data.loading import split_rows
+from exgrpo_pl.validation import check_number
 
 ARITHMETIC_ALPHABET = "0123456789+-="
 """Every character a prompt or answer of the task can contain (tokenizers are built over it)."""
@@ -79,10 +80,9 @@ class ArithmeticTask:
         operations: Sequence[str] = ("+", "-"),
         families: Sequence[str] | None = None,
     ) -> None:
-        if num_questions < 1:
-            raise ValueError(f"ArithmeticTask: num_questions must be >= 1, got {num_questions}")
-        if max_operand < 20:
-            raise ValueError(f"ArithmeticTask: max_operand must be >= 20, got {max_operand}")
+        check_number("ArithmeticTask", "num_questions", num_questions, 1, integer=True)
+        check_number("ArithmeticTask", "seed", seed, integer=True)
+        check_number("ArithmeticTask", "max_operand", max_operand, 20, integer=True)
         unknown_ops = set(operations) - {"+", "-"}
         if unknown_ops or not operations:
             raise ValueError(

@@ -36,6 +36,7 @@ from typing import Any
 
 from exgrpo_pl.rewards._math_verify_worker import check
 from exgrpo_pl.rewards.base import AnswerReward
+from exgrpo_pl.validation import check_number
 
 _BOXED_OPEN = re.compile(r"\\boxed\s*\{")
 _WORKER_SCRIPT = str(Path(__file__).with_name("_math_verify_worker.py"))
@@ -148,8 +149,7 @@ class MathVerifyReward(AnswerReward):
             raise ImportError(
                 "MathVerifyReward needs the math-verify package: pip install 'exgrpo-pl[math]'"
             ) from err
-        if timeout_seconds is not None and timeout_seconds <= 0:
-            raise ValueError(f"MathVerifyReward: timeout_seconds must be > 0 or None, got {timeout_seconds}")
+        check_number("MathVerifyReward", "timeout_seconds", timeout_seconds, 0, low_open=True, optional=True)
         self.timeout_seconds = timeout_seconds
         self.name = name
         self._worker: _Worker | None = None

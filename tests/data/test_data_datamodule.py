@@ -245,7 +245,7 @@ def test_retired_questions_survive_a_checkpoint(tmp_path):
 
 
 def test_invalid_arguments():
-    with pytest.raises(ValueError, match="batch sizes"):
+    with pytest.raises(ValueError, match="PromptDataModule batch_size=0: must be >= 1"):
         PromptDataModule(batch_size=0)
     with pytest.raises(ValueError, match="val_fraction"):
         PromptDataModule(val_fraction=1.0)
