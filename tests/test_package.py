@@ -27,3 +27,16 @@ def test_seed_defaults_are_the_public_defaults():
         0.3,
         (0.3, 0.7),
     )
+
+
+def test_every_subpackage_is_listed_for_the_wheel():
+    """A subpackage missing from pyproject's explicit list would be absent from a non-editable install."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(root).parts) for init in (root / "exgrpo_pl").rglob("__init__.py")
+    }
+    assert found | {"exgrpo_pl.callbacks"} == listed
