@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
 
-from exgrpo_pl.data.loading import split_rows
+from exgrpo_pl.data.task import GeneratedTask
 from exgrpo_pl.rewards.reasoning import parse_terms
 from exgrpo_pl.validation import check_number
 
@@ -40,9 +39,6 @@ REASONING_FAMILIES = tuple(_FAMILIES)
 MAX_DERIVATION_LENGTH = 28
 """The longest derivation `write_derivation` writes for a question of the task: "9-9-9-9=" from its negatives,
 "-9-9=-18;-18-9=-27;-27+9=-18". A policy needs one more token for EOS."""
-
-# A family whose next this-many draws are all already-used questions counts as exhausted.
-_MAX_REPEATS = 1000
 
 
 def write_derivation(
@@ -76,7 +72,7 @@ def write_derivation(
     return ";".join(steps)
 
 
-class ReasoningTask:
+class ReasoningTask(GeneratedTask):
     """A fixed, seeded set of distinct sum questions whose answers are step-by-step derivations.
 
     Each question picks a family uniformly among those not yet exhausted (the one-digit families hold 100 to
@@ -106,13 +102,9 @@ class ReasoningTask:
                 raise ValueError(f"ReasoningTask: unknown family {name!r}; known: {known}")
         if not families:
             raise ValueError("ReasoningTask: no families selected")
-        self.num_questions = num_questions
-        self.seed = seed
-        self.families = families
-        self._rows = self._generate()
+        super().__init__(num_questions, seed, families)
 
-    @staticmethod
-    def _draw(rng: random.Random, family: str) -> tuple[str, int]:
+    def _question(self, rng: random.Random, family: str) -> tuple[str, int]:
         num_terms, two_digit, subtract = _FAMILIES[family]
         low, high = (10, 99) if two_digit else (0, 9)
         # rng.random() only: unlike randrange, its stream is guaranteed across Python versions.
@@ -124,48 +116,6 @@ class ReasoningTask:
         prompt = str(magnitudes[0]) + "".join(op + str(m) for op, m in zip(ops, magnitudes[1:])) + "="
         answer = magnitudes[0] + sum(m if op == "+" else -m for op, m in zip(ops, magnitudes[1:]))
         return prompt, answer
-
-    def _generate(self) -> list[dict[str, Any]]:
-        rng = random.Random(self.seed)
-        active = list(self.families)
-        repeats = dict.fromkeys(active, 0)
-        seen: set[str] = set()
-        rows: list[dict[str, Any]] = []
-        while len(rows) < self.num_questions:
-            if not active:
-                raise ValueError(
-                    f"ReasoningTask: families {self.families} hold only {len(rows)} distinct questions; "
-                    f"lower num_questions={self.num_questions}"
-                )
-            family = active[int(rng.random() * len(active))]
-            prompt, answer = self._draw(rng, family)
-            if prompt in seen:
-                repeats[family] += 1
-                if repeats[family] >= _MAX_REPEATS:
-                    active.remove(family)
-                continue
-            repeats[family] = 0
-            seen.add(prompt)
-            rows.append({"id": len(rows), "prompt": prompt, "answer": str(answer), "domain": family})
-        return rows
-
-    def rows(self) -> list[dict[str, Any]]:
-        """All questions, in id order, as `{"id", "prompt", "answer", "domain"}` dicts (fresh copies)."""
-        return [dict(row) for row in self._rows]
-
-    def split(self, val_fraction: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Deterministic, disjoint train/validation split, stratified by family.
-
-        Args:
-            val_fraction: share of each family that goes to validation, in [0, 1).
-
-        Returns:
-            `(train_rows, val_rows)`, each in id order.
-        """
-        return split_rows(self.rows(), val_fraction, seed=self.seed)
-
-    def __len__(self) -> int:
-        return len(self._rows)
 
     def __repr__(self) -> str:
         return (

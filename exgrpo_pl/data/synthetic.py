@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from exgrpo_pl.data.loading import split_rows
+from exgrpo_pl.data.task import GeneratedTask
 from exgrpo_pl.validation import check_number
 
 ARITHMETIC_ALPHABET = "0123456789+-="
@@ -48,13 +47,11 @@ _FAMILIES: dict[str, tuple[str, bool, Callable[[int, int], bool]]] = {
 FAMILIES = tuple(_FAMILIES)
 """All difficulty families, roughly easiest first within each operation."""
 
-# A family whose next this-many draws are all already-used questions counts as exhausted.
-_MAX_REPEATS = 1000
 # Draws allowed to satisfy a family's constraint; enough for any max_operand up to about 10**9.
 _MAX_REJECTIONS = 100_000
 
 
-class ArithmeticTask:
+class ArithmeticTask(GeneratedTask):
     """A fixed, seeded set of distinct addition/subtraction questions with integer answers.
 
     Each question picks a family uniformly among those not yet exhausted (one-digit families hold only 100
@@ -99,14 +96,11 @@ class ArithmeticTask:
                 )
         if not families:
             raise ValueError("ArithmeticTask: no families selected")
-        self.num_questions = num_questions
-        self.seed = seed
         self.max_operand = max_operand
         self.operations = tuple(operations)
-        self.families = tuple(families)
-        self._rows = self._generate()
+        super().__init__(num_questions, seed, families)
 
-    def _draw(self, rng: random.Random, family: str) -> tuple[int, int]:
+    def _question(self, rng: random.Random, family: str) -> tuple[str, int]:
         op, multi_digit, allowed = _FAMILIES[family]
         low, high = (10, self.max_operand) if multi_digit else (0, 9)
         for _ in range(_MAX_REJECTIONS):
@@ -114,55 +108,10 @@ class ArithmeticTask:
             a = low + int(rng.random() * (high - low + 1))
             b = low + int(rng.random() * (high - low + 1))
             if allowed(a, b):
-                return a, b
+                return f"{a}{op}{b}=", a + b if op == "+" else a - b
         raise ValueError(
             f"ArithmeticTask: could not draw a {family!r} question with max_operand={self.max_operand}"
         )
-
-    def _generate(self) -> list[dict[str, Any]]:
-        rng = random.Random(self.seed)
-        active = list(self.families)
-        repeats = dict.fromkeys(active, 0)
-        seen: set[str] = set()
-        rows: list[dict[str, Any]] = []
-        while len(rows) < self.num_questions:
-            if not active:
-                raise ValueError(
-                    f"ArithmeticTask: families {self.families} hold only {len(rows)} distinct questions with "
-                    f"max_operand={self.max_operand}; lower num_questions={self.num_questions}"
-                )
-            family = active[int(rng.random() * len(active))]
-            a, b = self._draw(rng, family)
-            op = _FAMILIES[family][0]
-            prompt = f"{a}{op}{b}="
-            if prompt in seen:
-                repeats[family] += 1
-                if repeats[family] >= _MAX_REPEATS:
-                    active.remove(family)
-                continue
-            repeats[family] = 0
-            seen.add(prompt)
-            answer = a + b if op == "+" else a - b
-            rows.append({"id": len(rows), "prompt": prompt, "answer": str(answer), "domain": family})
-        return rows
-
-    def rows(self) -> list[dict[str, Any]]:
-        """All questions, in id order, as `{"id", "prompt", "answer", "domain"}` dicts (fresh copies)."""
-        return [dict(row) for row in self._rows]
-
-    def split(self, val_fraction: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Deterministic, disjoint train/validation split, stratified by family.
-
-        Args:
-            val_fraction: share of each family that goes to validation, in [0, 1).
-
-        Returns:
-            `(train_rows, val_rows)`, each in id order.
-        """
-        return split_rows(self.rows(), val_fraction, seed=self.seed)
-
-    def __len__(self) -> int:
-        return len(self._rows)
 
     def __repr__(self) -> str:
         return (
