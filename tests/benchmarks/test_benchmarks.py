@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from exgrpo_pl.buffer import STRATEGIES
 
@@ -18,17 +19,21 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def bench(tmp_path, monkeypatch):
-    """Imports a benchmark script as a module, its RESULTS redirected to tmp_path, and runs its main()."""
+    """Imports a benchmark script as a module, its RESULTS (if it writes any) redirected to tmp_path, and
+    runs its main(); then restores torch's thread count, which several scripts set to 1."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import one another; spawned workers too
+    threads = torch.get_num_threads()
 
     def run(name: str, *argv: str):
         module = importlib.import_module(name)
-        monkeypatch.setattr(module, "RESULTS", tmp_path)
+        if hasattr(module, "RESULTS"):
+            monkeypatch.setattr(module, "RESULTS", tmp_path)
         monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
         module.main()
         return tmp_path
 
-    return run
+    yield run
+    torch.set_num_threads(threads)
 
 
 def test_buffer_benchmark(bench):
@@ -73,3 +78,21 @@ def test_memory_benchmark(bench):
     assert result["step"]["after"]["paper preset (64 stored)"]["rescored_rows"] == 64
     assert result["softmax"]["within_1e-6"] and result["softmax"]["chunk_size_independent"]
     assert (out / "memory_quick.png").exists()
+
+
+def test_contract_checks_benchmark(bench):
+    result = json.loads((bench("contract_checks", "--steps", "4") / "contract_checks.json").read_text())
+    for mode in ("mix", "swap"):
+        assert result[mode]["steps"] == 4 and "fresh" in result[mode]["checks_us_first_step_of_each_kind"]
+    assert result["large_mixed_batch_1024_rows"]["check_rollouts_us"] > 0
+
+
+def test_generation_benchmark(bench):
+    argv = ["--mode", "embedded", "--rows", "4", "--new-tokens", "6", "--rounds", "2"]
+    out = bench("generation", *argv, "--engines", "hf", "static-eager")
+    result = json.loads((out / "generation.json").read_text())["embedded"]
+    assert set(result["engines"]) == {"hf", "static-eager"}
+    assert result["rows"] == 4 and result["new_tokens"] == 6
+    assert result["engines"]["hf"]["ratio_to_hf"] == 1.0
+    assert all(len(entry["tokens_per_s"]) == 2 for entry in result["engines"].values())
+    assert (out / "generation.png").exists()
