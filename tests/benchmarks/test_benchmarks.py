@@ -5,6 +5,7 @@ They are measurements, not tests: these only keep them from rotting as the libra
 
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -96,3 +97,42 @@ def test_generation_benchmark(bench):
     assert result["engines"]["hf"]["ratio_to_hf"] == 1.0
     assert all(len(entry["tokens_per_s"]) == 2 for entry in result["engines"].values())
     assert (out / "generation.png").exists()
+
+
+def test_checkpoint_cost_benchmark(bench, tmp_path):
+    out = bench("checkpoint_cost", "--sizes", "5", "--repeats", "1", "--dir", str(tmp_path))
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint_cost.json"]  # its checkpoints are removed
+    (figures,) = json.loads((out / "checkpoint_cost.json").read_text()).values()
+    assert 4e6 < figures["parameters"] < 6e6
+    # fp32 weights and Adam's two moments: about three times the weights
+    assert 2.5 < figures["checkpoint_mb"] * 2**20 / (4 * figures["parameters"]) < 3.5
+    assert all(value > 0 for key, value in figures.items() if key.endswith("_s"))
+    share = figures["finite_check_s"] / figures["save_atomically_s"]
+    assert figures["finite_check_share_of_save"] == pytest.approx(share)
+
+
+def test_checkpoint_kill_benchmark(bench, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILL_TRIALS_DIR", str(tmp_path))
+    out = bench("checkpoint_kill", "--trials", "1", "--ballast-mb", "4")
+    result = json.loads((out / "checkpoint_kill.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint_kill.json"]  # its runs' folders are removed
+    assert {(row["writer"], row["tmpdir"], row["trials"]) for row in result["summary"]} == {
+        (writer, tmpdir, 1)
+        for writer in ("exgrpo", "lightning")
+        for tmpdir in ("same filesystem", "other filesystem")
+    }
+    assert len(result["trials"]) == 4 and all(t["killed_exitcode"] == -9 for t in result["trials"])
+    for trial in result["trials"]:
+        if trial["writer"] == "exgrpo":  # what the atomic writer promises, wherever the kill lands
+            assert trial["resume"] == "resumed" and not trial["after_kill"]["unloadable"]
+            assert not trial["after_resume"]["temp_files"]
+
+
+def test_reward_timeout_benchmark(bench, capsys):
+    bench("reward_timeout", "--calls", "20", "--rounds", "2")
+    printed = capsys.readouterr().out
+    no_limit, limit = (
+        float(re.search(rf"^ *{name}: ([0-9.]+) ms", printed, re.M)[1]) for name in ("no limit", "limit")
+    )
+    added = float(re.search(r"the limit adds (-?[0-9.]+) ms", printed)[1])
+    assert no_limit > 0 and limit > 0 and added == pytest.approx(limit - no_limit, abs=2e-3)
