@@ -5,6 +5,7 @@ training pool the run drew.
 
     python benchmarks/reasoning_budget.py                  # step times at batch sizes 8 16 32, 12 steps each
     python benchmarks/reasoning_budget.py --run            # the same, then the whole config (about 4 minutes)
+    python benchmarks/reasoning_budget.py --batch-sizes 2 --steps 2 --skip 1 --run --run-steps 5  # tiny
 
 The first steps of each measurement (allocator warm-up) are left out of the means. Not a timed test: a
 measurement to read. On a shared machine read the CPU columns: a one-thread process's CPU seconds are its
@@ -68,11 +69,14 @@ def step_times(batch_size: int, steps: int, skip: int, workdir: str) -> tuple[di
     return means, time.process_time() - started, tokens
 
 
-def full_run(workdir: str) -> None:
-    """Fits the config as it is and prints its cost, its val pass@1 curve and its use of the pool."""
+def full_run(workdir: str, steps: int | None = None) -> None:
+    """Fits the config (for `steps` steps if given, else as it is) and prints its cost, its val pass@1 curve
+    and its use of the pool."""
     wall, cpu = time.perf_counter(), time.process_time()
     args = ["--config", str(CONFIG), "--trainer.enable_progress_bar=false"]
     args.append(f"--trainer.default_root_dir={workdir}")
+    if steps is not None:
+        args.append(f"--trainer.max_steps={steps}")
     cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -99,6 +103,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--skip", type=int, default=2, help="first steps left out of the means")
     parser.add_argument("--run", action="store_true", help="then fit the whole config")
+    parser.add_argument("--run-steps", type=int, help="with --run: this many steps, not the config's")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as workdir:
@@ -110,7 +115,7 @@ def main() -> None:
             start = f"{batch_size:5d} {m['cpu']:9.3f} {m['step']:10.3f}"
             print(f"{start} {phases} {tokens:15.1f} {validation:15.2f}")
         if args.run:
-            full_run(f"{workdir}/run")
+            full_run(f"{workdir}/run", args.run_steps)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,20 @@ def test_checkpoint_kill_benchmark(bench, tmp_path, monkeypatch):
             assert not trial["after_resume"]["temp_files"]
 
 
+def test_reasoning_budget_benchmark(bench, capsys):
+    bench("reasoning_budget", *"--batch-sizes 2 4 --steps 2 --skip 1 --run --run-steps 5".split())
+    printed = capsys.readouterr().out
+    table = printed[printed.index("batch  step CPU") :].splitlines()[1:3]
+    for line, batch_size in zip(table, (2, 4)):
+        batch, cpu, wall, generate, reward, fwd_bwd, tokens, validation = line.split()
+        assert int(batch) == batch_size and float(reward) >= 0  # printed to the ms: may read 0.000
+        assert all(float(seconds) > 0 for seconds in (cpu, wall, generate, fwd_bwd, validation))
+        assert 1 <= float(tokens) <= 29  # the config's max_completion_length
+    assert "configs/quickstart_reasoning.yaml: 5 steps" in printed
+    assert 0 <= float(re.search(r"val pass@1 at step: 0: ([0-9.]+)", printed)[1]) <= 1
+    assert re.search(r"drawn 160 \(", printed)  # 5 steps of 32 questions
+
+
 def test_reward_timeout_benchmark(bench, capsys):
     bench("reward_timeout", "--calls", "20", "--rounds", "2")
     printed = capsys.readouterr().out
