@@ -6,6 +6,7 @@ questions) and the logged train/reward series, and prints the largest difference
 
     python benchmarks/resume_exact.py             # swap and mix, mid-epoch and epoch-end stops, 2-rank DDP
     python benchmarks/resume_exact.py --cases swap-mid
+    python benchmarks/resume_exact.py --cases mix-end --steps 12   # tiny: a smoke run
 
 Writes benchmarks/results/resume_exact.json.
 """
@@ -142,26 +143,27 @@ def _replay_state(checkpoint: dict) -> dict:
     return next(v for k, v in checkpoint["callbacks"].items() if "ReplayCallback" in k)
 
 
-def epoch_end_step(version: Path) -> int:
-    """The last step of an epoch at or after the middle of the run, from the straight run's logs."""
+def epoch_end_step(version: Path, steps: int) -> int:
+    """The last step of an epoch at or after the middle of the `steps`-step run, from the straight run's
+    logs."""
     epochs = series(version, "epoch")
-    for step in range(STEPS // 2, STEPS):
+    for step in range(steps // 2, steps):
         if step in epochs and step + 1 in epochs and epochs[step + 1] > epochs[step]:
             return step + 1  # steps logged 0-based: global_step step + 1 is the epoch's end
     raise RuntimeError("no epoch ended in the second half of the run")
 
 
-def run_case(name: str, tmp: Path) -> dict:
+def run_case(name: str, tmp: Path, steps: int = STEPS) -> dict:
     mode, devices, stop = CASES[name]
     cfg = config(mode)
     straight_dir, split_dir = tmp / f"{name}-straight", tmp / f"{name}-split"
     straight_dir.mkdir()
     split_dir.mkdir()
-    fit(straight_dir, cfg, STEPS, devices, resume=False)
+    fit(straight_dir, cfg, steps, devices, resume=False)
     (straight,) = versions(straight_dir)
-    at = STEPS // 2 if stop == "mid" else epoch_end_step(straight)
+    at = steps // 2 if stop == "mid" else epoch_end_step(straight, steps)
     fit(split_dir, cfg, at, devices, resume=False)
-    fit(split_dir, cfg, STEPS, devices, resume=True)
+    fit(split_dir, cfg, steps, devices, resume=True)
     resumed = versions(split_dir)[-1]
     return {"mode": mode, "devices": devices, "stopped_at": at, **compare(straight, resumed)}
 
@@ -171,11 +173,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps of the straight run")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.cases:
-            results[name] = run_case(name, Path(tmp))
+            results[name] = run_case(name, Path(tmp), args.steps)
             r = results[name]
             print(
                 f"{name:14s} stop {r['stopped_at']:2d}: exact={r['exact']}"

@@ -150,3 +150,14 @@ def test_reward_timeout_benchmark(bench, capsys):
     )
     added = float(re.search(r"the limit adds (-?[0-9.]+) ms", printed)[1])
     assert no_limit > 0 and limit > 0 and added == pytest.approx(limit - no_limit, abs=2e-3)
+
+
+def test_resume_exact_benchmark(bench):
+    result = json.loads(
+        (bench("resume_exact", "--cases", "mix-end", "--steps", "12") / "resume_exact.json").read_text()
+    )
+    case = result["mix-end"]
+    assert case["exact"], case
+    assert 6 <= case["stopped_at"] < 12 and case["train_reward"]["resumed_steps"] == [case["stopped_at"], 11]
+    # a meaningful resume: experience stored, questions retired and replay steps taken by the end
+    assert case["buffer_rows_per_rank"][0] > 0 and case["retired"] > 0 and case["replayed_steps"][0] > 0
