@@ -13,6 +13,7 @@ Writes benchmarks/results/vs_trl.png.
     python benchmarks/vs_trl.py --quick        # 2 rounds of 30 steps
     python benchmarks/vs_trl.py                # 4 rounds of 60 steps
     python benchmarks/vs_trl.py --profile      # where each side's step time goes: 8 steps under cProfile
+    python benchmarks/vs_trl.py --rounds 1 --steps 7   # tiny: a smoke run
 
 On a busy machine prefix --profile with OMP_NUM_THREADS=1: two threads per process on two busy cores spend
 most of their wall time in OpenMP spin-waits, which swamps the profile.
@@ -193,9 +194,15 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile 8 steps of each side; saves nothing")
     parser.add_argument("--trl-bf16", action="store_true", help="TRL with GRPOConfig's default bf16 autocast")
     parser.add_argument("--worker", choices=["TRL", "exgrpo-pl"], help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--rounds", type=int, help="rounds of (TRL, ours); default 4, 2 with --quick")
+    parser.add_argument(
+        "--steps", type=int, help=f"steps a run, the first {WARMUP} warm-up; default 60, 30 with --quick"
+    )
     args = parser.parse_args()
     rounds, steps = (1, WARMUP + 8) if args.profile else (2, 30) if args.quick else (4, 60)
+    rounds, steps = args.rounds or rounds, args.steps or steps
+    if steps <= WARMUP:
+        parser.error(f"--steps {steps}: a run needs more than its {WARMUP} warm-up steps")
     if args.worker:
         worker(args.worker, args.steps, args.profile, args.trl_bf16)
         return

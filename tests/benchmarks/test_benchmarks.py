@@ -161,3 +161,13 @@ def test_resume_exact_benchmark(bench):
     assert 6 <= case["stopped_at"] < 12 and case["train_reward"]["resumed_steps"] == [case["stopped_at"], 11]
     # a meaningful resume: experience stored, questions retired and replay steps taken by the end
     assert case["buffer_rows_per_rank"][0] > 0 and case["retired"] > 0 and case["replayed_steps"][0] > 0
+
+
+def test_vs_trl_benchmark(bench):
+    pytest.importorskip("trl")
+    out = bench("vs_trl", "--rounds", "1", "--steps", "7")
+    result = json.loads((out / "vs_trl.json").read_text())
+    assert set(result) == {"TRL", "exgrpo-pl"}
+    for (run,) in result.values():
+        assert run["step_s"] > 0 and run["peak_bytes"] > 100 * 2**20
+    assert (out / "vs_trl.png").exists()
