@@ -171,3 +171,12 @@ def test_vs_trl_benchmark(bench):
     for (run,) in result.values():
         assert run["step_s"] > 0 and run["peak_bytes"] > 100 * 2**20
     assert (out / "vs_trl.png").exists()
+
+
+def test_prompt_check_benchmark(bench):
+    result = json.loads(
+        (bench("prompt_check", "--rows", "300", "--repeats", "2") / "prompt_check.json").read_text()
+    )
+    (figures,) = result.values()
+    assert figures["rows"] == 300 and len(figures["seconds"]) == 2 and all(s > 0 for s in figures["seconds"])
+    assert figures["median"] == pytest.approx(sum(figures["seconds"]) / 2)
