@@ -180,3 +180,8 @@ def test_prompt_check_benchmark(bench):
     (figures,) = result.values()
     assert figures["rows"] == 300 and len(figures["seconds"]) == 2 and all(s > 0 for s in figures["seconds"])
     assert figures["median"] == pytest.approx(sum(figures["seconds"]) / 2)
+
+
+def test_every_benchmark_script_has_a_smoke_test():
+    tested = set(re.findall(r'bench\(\s*"(\w+)"', Path(__file__).read_text()))
+    assert {path.stem for path in BENCHMARKS.glob("*.py")} - tested == set()
