@@ -110,7 +110,7 @@ def task_overlay(task: str) -> dict:
 class Record(Callback):
     """The validation curve [(step, generated tokens, val pass@1)] after the start, and what replay did:
     every replayed question (id and family) per step, and every `every` steps the number of questions in
-    play per correctness bucket (the latest group's correct count, 0..K; retired questions left out)."""
+    play per correctness bucket (the latest group's correct count out of K; retired questions left out)."""
 
     def __init__(self, every: int = 20) -> None:
         self.every = every
@@ -130,11 +130,13 @@ class Record(Callback):
             self.replayed.append((trainer.global_step, rollouts.question_ids[rows].tolist(), families))
         replay = next((c for c in trainer.callbacks if isinstance(c, ReplayCallback)), None)
         if replay is not None and trainer.global_step % self.every == 0:
-            bucketer = replay.buffer.bucketer
+            bucketer, k = replay.buffer.bucketer, pl_module.num_generations
             known = bucketer.known_questions()
-            correct, _ = bucketer.latest_counts(known)
+            correct, total = bucketer.latest_counts(known)
             in_play = ~torch.isin(known, torch.tensor(sorted(bucketer.retired), dtype=torch.long))
-            counts = torch.bincount(correct[in_play], minlength=pl_module.num_generations + 1)
+            # Out of K: a question sampled twice in one step (fresh and replayed) has a larger latest group.
+            bucket = (k * correct / total.clamp(min=1)).round().long()
+            counts = torch.bincount(bucket[in_play], minlength=k + 1)
             self.buckets.append((trainer.global_step, counts.tolist()))
 
     def summary(self) -> dict:
@@ -381,11 +383,15 @@ def main() -> None:
             steps = args.steps or (QUICK_STEPS[task] if args.quick else None)
             workdir = Path(tmp) / f"{task}-{name.replace(' ', '_')}-{seed}"
             jobs[pool.submit(run, task, name, seed, steps, workdir, threads)] = (task, name)
-        for done in as_completed(jobs):
-            task, name = jobs[done]
-            results[task].setdefault(name, []).append(done.result())
-            # Written after every run, so a long run that is stopped still leaves what it measured.
-            report({t: {n: r for n, r in v.items() if r} for t, v in results.items() if v}, suffix)
+        try:
+            for done in as_completed(jobs):
+                task, name = jobs[done]
+                results[task].setdefault(name, []).append(done.result())
+                # Written after every run, so a long run that is stopped still leaves what it measured.
+                report({t: {n: r for n, r in v.items() if r} for t, v in results.items() if v}, suffix)
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # fail now, not after every queued run
+            raise
 
 
 if __name__ == "__main__":
