@@ -367,11 +367,13 @@ def main() -> None:
         for name, runs in variants.items():
             if task not in args.tasks or name not in names or args.resume:
                 results.setdefault(task, {})[name] = runs
+    # Seed by seed, every variant of a seed before the next: a run stopped early leaves the variants with
+    # the same seeds, comparable as they stand.
     todo = [
         (task, name, seed)
         for task in args.tasks
-        for name in names
         for seed in seeds
+        for name in names
         if seed not in {r["seed"] for r in results[task].get(name, [])}
     ]
     # The tiny models' matmuls barely use a second thread, so two one-thread runs side by side finish
