@@ -10,7 +10,8 @@ Writes, with matplotlib (no TensorBoard server, no display):
   values faint, TensorBoard's exponential smoothing on top);
 - monitor_histograms.png: the last monitor/correctness_rate, monitor/entropy and monitor/staleness
   histograms that `DifficultyMonitor` logged;
-- heatmap.png: the last monitor/difficulty_entropy_heatmap image, decoded from its PNG bytes.
+- heatmap.png: the last monitor/difficulty_entropy_heatmap image, decoded from its PNG bytes, with the axes
+  and scale its description and text give.
 
 `--run-dir` is one version_N folder or a folder of them (the highest-numbered one with event files is read).
 Exits with status 1, after writing what it could, when the run lacks what a picture needs (a run without a
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 import sys
 from pathlib import Path
 
@@ -29,6 +31,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
+# The monitor's pixels per heatmap cell and of the gap and colour bar right of it: where the tiers are.
+from exgrpo_pl.callbacks.monitor import _BAR, _CELL  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +49,11 @@ HISTOGRAMS = (
     ("monitor/staleness", "age per buffered trajectory (steps)"),
 )
 HEATMAP = "monitor/difficulty_entropy_heatmap"
+# DifficultyMonitor's text beside each heatmap image.
+SCALE = re.compile(
+    r"(?P<rows>\d+) trajectories; entropy (?P<low>\S+) \(bottom\) to (?P<high>\S+) \(top\); "
+    r"the brightest cell holds (?P<max>\d+)"
+)
 SMOOTHING = 0.6  # TensorBoard's default
 DISPLAY_BINS = 30  # equal-width bins a histogram is drawn with, as in TensorBoard
 
@@ -155,12 +165,41 @@ def plot_histograms(events: EventAccumulator, path: Path, title: str, dpi: int) 
     return missing
 
 
-def save_heatmap(events: EventAccumulator, path: Path) -> list[str]:
+def save_heatmap(events: EventAccumulator, path: Path, title: str, dpi: int) -> list[str]:
+    """The last heatmap image as TensorBoard shows it, framed with the axes and scale that TensorBoard gives
+    in the image's description and in the text of the same name."""
     if HEATMAP not in set(events.Tags()["images"]):
         return [HEATMAP]
     image = events.Images(HEATMAP)[-1]
     pixels = plt.imread(io.BytesIO(image.encoded_image_string), format="png")
-    plt.imsave(path, pixels)  # pixel for pixel what TensorBoard shows
+    texts = f"{HEATMAP}/text_summary"  # where SummaryWriter.add_text puts the text of that name
+    scale = None
+    if texts in set(events.Tags()["tensors"]):
+        scale = next((t for t in events.Tensors(texts) if t.step == image.step), None)
+    numbers = SCALE.search(scale.tensor_proto.string_val[0].decode()) if scale is not None else None
+    if numbers is None:
+        print(f"heatmap.png: no scale text at step {image.step}, the axes show no numbers")
+    tiers = (pixels.shape[1] - sum(_BAR)) // _CELL[1]
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    ax.imshow(pixels, interpolation="nearest")
+    ax.set_xticks([(i + 0.5) * _CELL[1] for i in range(tiers)])
+    ax.set_xticklabels([f"{i / tiers:.1f}-{(i + 1) / tiers:.1f}" for i in range(tiers)], fontsize=8)
+    ax.set_xlabel("question correctness rate (tier)")
+    ax.set_yticks([pixels.shape[0] - 0.5, -0.5])
+    low, high, brightest = ("lowest", "highest", "most")
+    if numbers:
+        low, high, brightest = numbers["low"], numbers["high"], numbers["max"]
+    ax.set_yticklabels([low, high])
+    ax.set_ylabel("trajectory mean token entropy")
+    bar = pixels.shape[1] - _BAR[1] / 2
+    ax.text(bar, -2, brightest, ha="center", va="bottom", fontsize=9)
+    ax.text(bar, pixels.shape[0] + 1, "0", ha="center", va="top", fontsize=9)
+    count = f", {numbers['rows']} trajectories" if numbers else ""
+    ax.set_title(f"buffer at step {image.step}{count}", fontsize=10, loc="left", pad=14)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
     return []
 
 
@@ -189,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, render, tags in (
         ("scalars.png", lambda path: plot_scalars(events, path, title, args.dpi), SCALARS),
         ("monitor_histograms.png", lambda path: plot_histograms(events, path, title, args.dpi), HISTOGRAMS),
-        ("heatmap.png", lambda path: save_heatmap(events, path), ((HEATMAP, ""),)),
+        ("heatmap.png", lambda path: save_heatmap(events, path, title, args.dpi), ((HEATMAP, ""),)),
     ):
         lacking = render(args.out / name)
         missing += lacking

@@ -21,6 +21,7 @@ Iterating the loader begins its passes; nothing in it draws from torch's global 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from typing import Any
 
@@ -36,6 +37,10 @@ from exgrpo_pl.seeding import derive_seed, split_seed
 from exgrpo_pl.validation import check_number
 
 _FIXED_KEYS = ("id", "prompt", "answer", "domain")
+
+# torchdata 0.11 calls torch.set_vital on every loader it builds and torch warns that the call is deprecated:
+# a warning about torchdata's internals that a user can do nothing about, printed by every run.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
 
 class _RowDataset(Dataset):
