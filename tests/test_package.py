@@ -31,8 +31,9 @@ def test_seed_defaults_are_the_public_defaults():
 
 def test_every_subpackage_is_listed_for_the_wheel():
     """A subpackage missing from pyproject's explicit list would be absent from a non-editable install."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).parents[1]
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])

@@ -182,6 +182,14 @@ def test_prompt_check_benchmark(bench):
     assert figures["median"] == pytest.approx(sum(figures["seconds"]) / 2)
 
 
+def test_quickstart_speed_benchmark(bench):
+    result = json.loads((bench("quickstart_speed", "--baseline", "HEAD", "--rounds", "1", "--steps", "3")
+                         / "quickstart_speed.json").read_text())  # fmt: skip
+    assert result["steps"] == 3 and len(result["seconds"]) == 2
+    assert all(len(times) == 1 and times[0] > 0 for times in result["seconds"].values())
+    assert result["ratio"] > 0
+
+
 def test_every_benchmark_script_has_a_smoke_test():
     tested = set(re.findall(r'bench\(\s*"(\w+)"', Path(__file__).read_text()))
     assert {path.stem for path in BENCHMARKS.glob("*.py")} - tested == set()
