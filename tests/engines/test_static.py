@@ -153,17 +153,19 @@ def test_sharded_policies_are_refused_with_a_pointer_to_the_hf_engine(tiny):
         build_engine("static", tiny[0], options={"buckets": 3})
 
 
-def test_lora_policy(embedded):
+def lora_policy():
+    """The embedded policy with a LoRA adapter whose weights are not zero (so it changes the completions)."""
     peft = pytest.importorskip("peft")
-    model, ids, mask = embedded
     config = peft.LoraConfig(
-        task_type="CAUSAL_LM",
-        r=4,
-        lora_alpha=64,
-        target_modules=["q_proj", "v_proj"],
+        task_type="CAUSAL_LM", r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"],
         init_lora_weights=False,
-    )
-    policy = peft.get_peft_model(load_policy("embedded:tiny-arith"), config)
+    )  # fmt: skip
+    return peft.get_peft_model(load_policy("embedded:tiny-arith"), config)
+
+
+def test_lora_policy(embedded):
+    model, ids, mask = embedded
+    policy = lora_policy()
     got = StaticCacheEngine(policy, compile=False).generate(ids, mask, sampling(8))
     assert_same_completions(HFEngine(policy).generate(ids, mask, sampling(8)), got)
     assert not torch.equal(
@@ -235,15 +237,7 @@ def test_compiled_step_equals_eager_and_hf(tiny):
 
 @pytest.mark.slow
 def test_compiled_step_on_a_lora_policy_in_train_mode(embedded):
-    peft = pytest.importorskip("peft")
     _, ids, mask = embedded
-    config = peft.LoraConfig(
-        task_type="CAUSAL_LM",
-        r=4,
-        lora_alpha=64,
-        target_modules=["q_proj", "v_proj"],
-        init_lora_weights=False,
-    )
-    policy = peft.get_peft_model(load_policy("embedded:tiny-arith"), config).train()  # as during training
+    policy = lora_policy().train()  # as during training
     got = StaticCacheEngine(policy, compile=True).generate(ids, mask, sampling(8))
     assert_same_completions(HFEngine(policy).generate(ids, mask, sampling(8)), got)
