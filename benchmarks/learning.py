@@ -255,12 +255,32 @@ def report(results: dict, suffix: str) -> None:
             )
     RESULTS.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    record = {"commit": commit.strip(), "summary": summary, "runs": results}
+    record = {"commit": commit.strip(), "summary": summary, "runs": _without_replay_records(results)}
     (RESULTS / f"learning{suffix}.json").write_text(json.dumps(record))
     for task in results:
         _plot_curves(results[task], summary[task], RESULTS / f"learning_{task}{suffix}.png", task)
         _plot_diagnostics(results[task], RESULTS / f"learning_{task}_replay{suffix}.png", task)
     print(f"wrote {RESULTS}/learning{suffix}.json and its plots")
+
+
+def _without_replay_records(results: dict) -> dict:
+    """The runs to save: the step-by-step record of what was replayed (most of the file's size) is kept
+    only for each variant's lowest seed, the run the diagnostics plot draws; every run keeps its summary."""
+    saved: dict = {}
+    for task, variants in results.items():
+        saved[task] = {}
+        for name, runs in variants.items():
+            first = _lowest_seed(runs)
+            saved[task][name] = [
+                run if run is first or "replayed" not in run["diagnostics"]
+                else {**run, "diagnostics": {k: v for k, v in run["diagnostics"].items() if k != "replayed"}}
+                for run in runs
+            ]  # fmt: skip
+    return saved
+
+
+def _lowest_seed(runs: list[dict]) -> dict:
+    return min(runs, key=lambda run: run["seed"])
 
 
 def _fmt(value: tuple[float, float]) -> str:
@@ -311,7 +331,7 @@ def _plot_diagnostics(runs_by_variant: dict, path: Path, task: str) -> None:
         return
     fig, axes = plt.subplots(len(shown), 3, figsize=(14, 3.4 * len(shown)), squeeze=False)
     for row, name in zip(axes, shown):
-        diagnostics = runs_by_variant[name][0]["diagnostics"]
+        diagnostics = _lowest_seed(runs_by_variant[name])["diagnostics"]
         if diagnostics["buckets"]:
             steps = [s for s, _ in diagnostics["buckets"]]
             counts = np.array([c for _, c in diagnostics["buckets"]]).T  # [K+1, points]
@@ -336,7 +356,7 @@ def _plot_diagnostics(runs_by_variant: dict, path: Path, task: str) -> None:
         row[2].set_title(
             f"{name}: replays per question ({diagnostics['distinct_questions']} distinct)", fontsize=9
         )
-    fig.suptitle(f"{task} task: what replay did (seed {runs_by_variant[shown[0]][0]['seed']})")
+    fig.suptitle(f"{task} task: what replay did (seed {_lowest_seed(runs_by_variant[shown[0]])['seed']})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
