@@ -33,8 +33,8 @@ from exgrpo_pl.validation import check_number
 
 _HEATMAP_TAG = "monitor/difficulty_entropy_heatmap"
 _ENTROPY_BINS = 10  # rows of the difficulty x entropy heatmap
-_CELL = (24, 40)  # heatmap pixels per (entropy bin, tier) cell
-_BAR = (8, 12)  # pixels of the white gap and of the colour bar right of the heatmap
+HEATMAP_CELL = (24, 40)  # heatmap pixels per (entropy bin, tier) cell
+HEATMAP_BAR = (8, 12)  # pixels of the white gap and of the colour bar right of the heatmap
 # Viridis (matplotlib's values at 0, 1/4, 1/2, 3/4, 1), interpolated linearly in between: dark is few.
 _COLORMAP = np.array(
     [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=np.float64
@@ -269,17 +269,17 @@ class DifficultyMonitor(Callback):
 def heatmap_image(counts: np.ndarray) -> np.ndarray:
     """`[H, W, 3]` uint8 picture of `counts` `[rows, columns]`: row 0 at the bottom, brighter for more.
 
-    Each cell is a block of `_CELL` pixels coloured by `counts / counts.max()` through `_COLORMAP`, with a
-    one-pixel white line between columns; a colour bar (0 at the bottom, the largest count at the top)
+    Each cell is a block of `HEATMAP_CELL` pixels coloured by `counts / counts.max()` through `_COLORMAP`,
+    with a one-pixel white line between columns; a colour bar (0 at the bottom, the largest count at the top)
     stands on the right. Plain numpy, so the dashboard needs no plotting library.
     """
     rows = counts.shape[0]
     cells = _colour(counts[::-1] / max(int(counts.max()), 1))  # [rows, columns, 3], top row first
-    image = np.repeat(np.repeat(cells, _CELL[0], axis=0), _CELL[1], axis=1)  # [H, columns * w, 3]
-    image[:, _CELL[1] :: _CELL[1]] = 255  # column separators
-    height = rows * _CELL[0]
-    gap = np.full((height, _BAR[0], 3), 255.0)
-    bar = np.repeat(_colour(np.linspace(1.0, 0.0, height))[:, None], _BAR[1], axis=1)  # [H, w, 3]
+    image = np.repeat(np.repeat(cells, HEATMAP_CELL[0], axis=0), HEATMAP_CELL[1], axis=1)  # [H, cols * w, 3]
+    image[:, HEATMAP_CELL[1] :: HEATMAP_CELL[1]] = 255  # column separators
+    height = rows * HEATMAP_CELL[0]
+    gap = np.full((height, HEATMAP_BAR[0], 3), 255.0)
+    bar = np.repeat(_colour(np.linspace(1.0, 0.0, height))[:, None], HEATMAP_BAR[1], axis=1)  # [H, w, 3]
     return np.concatenate([image, gap, bar], axis=1).round().astype(np.uint8)
 
 

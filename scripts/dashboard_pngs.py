@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 # The monitor's pixels per heatmap cell and of the gap and colour bar right of it: where the tiers are.
-from exgrpo_pl.callbacks.monitor import _BAR, _CELL  # noqa: E402
+from exgrpo_pl.callbacks.monitor import HEATMAP_BAR, HEATMAP_CELL  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,10 +179,10 @@ def save_heatmap(events: EventAccumulator, path: Path, title: str, dpi: int) -> 
     numbers = SCALE.search(scale.tensor_proto.string_val[0].decode()) if scale is not None else None
     if numbers is None:
         print(f"heatmap.png: no scale text at step {image.step}, the axes show no numbers")
-    tiers = (pixels.shape[1] - sum(_BAR)) // _CELL[1]
+    tiers = (pixels.shape[1] - sum(HEATMAP_BAR)) // HEATMAP_CELL[1]
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
     ax.imshow(pixels, interpolation="nearest")
-    ax.set_xticks([(i + 0.5) * _CELL[1] for i in range(tiers)])
+    ax.set_xticks([(i + 0.5) * HEATMAP_CELL[1] for i in range(tiers)])
     ax.set_xticklabels([f"{i / tiers:.1f}-{(i + 1) / tiers:.1f}" for i in range(tiers)], fontsize=8)
     ax.set_xlabel("question correctness rate (tier)")
     ax.set_yticks([pixels.shape[0] - 0.5, -0.5])
@@ -191,7 +191,7 @@ def save_heatmap(events: EventAccumulator, path: Path, title: str, dpi: int) -> 
         low, high, brightest = numbers["low"], numbers["high"], numbers["max"]
     ax.set_yticklabels([low, high])
     ax.set_ylabel("trajectory mean token entropy")
-    bar = pixels.shape[1] - _BAR[1] / 2
+    bar = pixels.shape[1] - HEATMAP_BAR[1] / 2
     ax.text(bar, -2, brightest, ha="center", va="bottom", fontsize=9)
     ax.text(bar, pixels.shape[0] + 1, "0", ha="center", va="top", fontsize=9)
     count = f", {numbers['rows']} trajectories" if numbers else ""
