@@ -16,7 +16,8 @@ Tasks: "arithmetic" is the presets as shipped (`configs/*.yaml`: one-step sums, 
 question the same string); "reasoning" lays configs/quickstart_reasoning.yaml's model, data and schedule over
 each preset (step-by-step derivations whose correct completions differ, so trajectory selection has a choice).
 Seed s is `--seed_everything=s`: the data order, replay draws, rollout and validation samples all derive from
-it, so seeds are independent runs. Not a timed test: a measurement to read.
+it, so seeds are independent runs. Each run records the commit its code came from. Not a timed test: a
+measurement to read.
 """
 
 from __future__ import annotations
@@ -185,7 +186,21 @@ def run(task: str, name: str, seed: int, steps: int | None, workdir: Path, threa
     events = EventAccumulator(cli.trainer.logger.log_dir)
     events.Reload()
     start = events.Scalars("val/pass@1")[0].value
-    return {"seed": seed, "curve": [(0, 0.0, start), *record.curve], "diagnostics": record.summary()}
+    curve = [(0, 0.0, start), *record.curve]
+    return {"seed": seed, "commit": code_version(), "curve": curve, "diagnostics": record.summary()}
+
+
+def code_version() -> str:
+    """The commit a run's code came from, with "+changes" when the package, the configs or this benchmark
+    differ from it (runs resumed across commits each keep their own)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+    head = git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        return "unknown (not a git checkout)"
+    changed = git("diff", "--quiet", "HEAD", "--", "exgrpo_pl", "configs", "benchmarks/learning.py")
+    return head.stdout.strip() + ("+changes" if changed.returncode else "")
 
 
 def _check_seeds_follow_the_run(cli, config: str) -> None:
@@ -254,8 +269,7 @@ def report(results: dict, suffix: str) -> None:
                 f"{_fmt(row['best']):>15s} {gain:+8.1f} {paper or '':>6} {paper_gain:>13s}"
             )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    record = {"commit": commit.strip(), "summary": summary, "runs": _without_replay_records(results)}
+    record = {"summary": summary, "runs": _without_replay_records(results)}
     (RESULTS / f"learning{suffix}.json").write_text(json.dumps(record))
     for task in results:
         _plot_curves(results[task], summary[task], RESULTS / f"learning_{task}{suffix}.png", task)

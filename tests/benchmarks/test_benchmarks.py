@@ -64,6 +64,7 @@ def test_learning_benchmark(bench):
             steps = [point[0] for point in run["curve"]]
             tokens = [point[1] for point in run["curve"]]
             assert steps[0] == 0 and steps[-1] == 4 and tokens == sorted(tokens) and tokens[-1] > 0
+            assert run["commit"] == sys.modules["learning"].code_version()  # the code it ran
         assert variants["GRPO"][0]["diagnostics"]["replays"] == 0
         summary = result["summary"][task]
         assert summary["token_budget"] <= min(v[0]["curve"][-1][1] for v in variants.values())
