@@ -193,6 +193,7 @@ def run(task: str, name: str, seed: int, steps: int | None, workdir: Path, threa
 def code_version() -> str:
     """The commit a run's code came from, with "+changes" when the package, the configs or this benchmark
     differ from it (runs resumed across commits each keep their own)."""
+
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
 
