@@ -84,6 +84,7 @@ VARIANTS = {
     "rho 0.25": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.25}), 46.4),
     "rho 0.75": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.75}), 44.8),
 }
+PAPER_GRPO = VARIANTS["GRPO"][2]
 PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed")
 TASKS = ("arithmetic", "reasoning")
 # Steps of a --quick run per task (full runs take the task's own max_steps).
@@ -234,18 +235,23 @@ def at_tokens(curve: list, budget: float) -> float:
 
 
 def summarise(results: dict) -> dict:
-    """Per task and variant: start, final (equal steps), best, and the value at equal generated tokens."""
+    """Per task and variant: start, final (equal steps), best, the value at equal generated tokens, the
+    final's difference from GRPO's over the seeds both ran (paired, in points) and what replay did."""
     out = {}
     for task, variants in results.items():
         budget = min(run["curve"][-1][1] for runs in variants.values() for run in runs)
+        grpo = {run["seed"]: run["curve"][-1][2] for run in variants.get("GRPO", [])}
         out[task] = {"token_budget": budget, "variants": {}}
         for name, runs in variants.items():
+            paired = [100 * (r["curve"][-1][2] - grpo[r["seed"]]) for r in runs if r["seed"] in grpo]
             out[task]["variants"][name] = {
                 "seeds": len(runs),
                 "start": interval([r["curve"][0][2] for r in runs]),
                 "final": interval([r["curve"][-1][2] for r in runs]),
                 "best": interval([max(p[2] for p in r["curve"]) for r in runs]),
                 "equal_tokens": interval([at_tokens(r["curve"], budget) for r in runs]),
+                "vs_grpo_points": interval(paired) if paired and name != "GRPO" else None,
+                "replays": interval([r["diagnostics"]["replays"] for r in runs]),
                 "distinct_replayed": interval([r["diagnostics"]["distinct_questions"] for r in runs]),
                 "max_replays": interval([r["diagnostics"]["max_replays_per_question"] for r in runs]),
             }
@@ -256,19 +262,9 @@ def report(results: dict, suffix: str) -> None:
     """Print the tables and write the JSON and the plots for the runs finished so far."""
     summary = summarise(results)
     for task, entry in summary.items():
-        grpo = entry["variants"].get("GRPO")
         budget = entry["token_budget"]
-        print(f"\n{task}: val pass@1, mean +- 95% interval over seeds; equal tokens = {budget:.0f}")
-        print(f"{'variant':25s} {'n':>2s} {'final (steps)':>15s} {'equal tokens':>15s} {'best':>15s} "
-              f"{'vs GRPO':>8s} {'paper':>6s} {'paper vs GRPO':>13s}")  # fmt: skip
-        for name, row in entry["variants"].items():
-            paper = VARIANTS[name][2]
-            gain = 100 * (row["final"][0] - grpo["final"][0]) if grpo else float("nan")
-            paper_gain = f"{paper - 45.3:+.1f}" if paper is not None else ""
-            print(
-                f"{name:25s} {row['seeds']:2d} {_fmt(row['final']):>15s} {_fmt(row['equal_tokens']):>15s} "
-                f"{_fmt(row['best']):>15s} {gain:+8.1f} {paper or '':>6} {paper_gain:>13s}"
-            )
+        print(f"\n{task}: val pass@1, mean ± 95% interval over seeds; equal tokens = {budget:.0f}\n")
+        print(markdown_table(entry["variants"]))
     RESULTS.mkdir(parents=True, exist_ok=True)
     record = {"summary": summary, "runs": _without_replay_records(results)}
     (RESULTS / f"learning{suffix}.json").write_text(json.dumps(record))
@@ -276,6 +272,38 @@ def report(results: dict, suffix: str) -> None:
         _plot_curves(results[task], summary[task], RESULTS / f"learning_{task}{suffix}.png", task)
         _plot_diagnostics(results[task], RESULTS / f"learning_{task}_replay{suffix}.png", task)
     print(f"wrote {RESULTS}/learning{suffix}.json and its plots")
+
+
+def markdown_table(rows: dict) -> str:
+    """The summary of one task as the README shows it: "vs GRPO" pairs runs of the same seed; the paper's
+    column is its ablation table's average accuracy and that minus its GRPO's."""
+    columns = (
+        "variant", "seeds", "final val pass@1 (equal steps)", "vs GRPO, same seeds (points)",
+        "at equal tokens", "paper: average, vs GRPO", "replayed trajectories (distinct questions)",
+        "most replays of one question",
+    )  # fmt: skip
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for name, row in sorted(rows.items(), key=lambda item: list(VARIANTS).index(item[0])):
+        paper = VARIANTS[name][2]
+        paper = (
+            "—" if paper is None else f"{paper}" if name == "GRPO" else f"{paper}, {paper - PAPER_GRPO:+.1f}"
+        )
+        vs_grpo = "—" if row["vs_grpo_points"] is None else _fmt(row["vs_grpo_points"], "+.1f")
+        replay = row["replays"][0] > 0
+        replayed = f"{row['replays'][0]:,.0f} ({row['distinct_replayed'][0]:,.0f})" if replay else "—"
+        most = f"{row['max_replays'][0]:.0f}" if replay else "—"
+        cells = (
+            name,
+            row["seeds"],
+            _fmt(row["final"]),
+            vs_grpo,
+            _fmt(row["equal_tokens"]),
+            paper,
+            replayed,
+            most,
+        )
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
 
 
 def _without_replay_records(results: dict) -> dict:
@@ -298,8 +326,10 @@ def _lowest_seed(runs: list[dict]) -> dict:
     return min(runs, key=lambda run: run["seed"])
 
 
-def _fmt(value: tuple[float, float]) -> str:
-    return f"{value[0]:.3f} +- {value[1]:.3f}"
+def _fmt(value: tuple[float, float], spec: str = ".3f") -> str:
+    """Mean ± the half-width of its interval (0 for one seed)."""
+    mean, half = value
+    return f"{mean:{spec}} ± {half:{spec.lstrip('+')}}"
 
 
 def _pyplot():
@@ -429,6 +459,8 @@ def main() -> None:
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)  # fail now, not after every queued run
             raise
+    if not todo:  # everything asked for is in the file already: print its tables again
+        report({t: v for t, v in results.items() if v}, suffix)
 
 
 if __name__ == "__main__":
