@@ -35,4 +35,7 @@ def test_markdown_table_lists_variants_in_the_benchmarks_order_with_the_papers_n
     runs = {"ExGRPO paper": [make_run(0, 0.52, 40)], "GRPO": [make_run(0, 0.50)]}
     table = markdown_table(summarise({"arithmetic": runs})["arithmetic"]["variants"]).splitlines()
     assert table[2] == "| GRPO | 1 | 0.500 ± 0.000 | — | 0.500 ± 0.000 | 45.3 | — | — |"
-    assert table[3] == "| ExGRPO paper | 1 | 0.520 ± 0.000 | +2.0 ± 0.0 | 0.520 ± 0.000 | 48.3, +3.0 | 40 (20) | 2 |"
+    assert (
+        table[3]
+        == "| ExGRPO paper | 1 | 0.520 ± 0.000 | +2.0 ± 0.0 | 0.520 ± 0.000 | 48.3, +3.0 | 40 (20) | 2 |"
+    )
