@@ -144,26 +144,38 @@ def link_atomically(target: str, link: str) -> None:
     _fsync_directory(os.path.dirname(os.path.abspath(link)))
 
 
-def check_finite(state_dict: dict[str, Any], path: Any) -> None:
-    """Raises `NonFiniteCheckpointError` naming `path` and the first parameter holding NaN or inf.
+def first_non_finite(tensors: dict[str, Any]) -> str | None:
+    """The name of the first floating, non-empty tensor holding NaN or inf; None when all are finite.
 
     `aminmax` is NaN when any element is NaN and +-inf when one is infinite, so two scalars per tensor
     answer for all of it without a tensor-sized mask (which on a GPU near its memory limit could OOM).
 
     Args:
+        tensors: name -> tensor; other values are skipped.
+    """
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel():
+            low, high = torch.aminmax(tensor.detach())
+            if not bool(torch.isfinite(low) & torch.isfinite(high)):
+                return name
+    return None
+
+
+def check_finite(state_dict: dict[str, Any], path: Any) -> None:
+    """Raises `NonFiniteCheckpointError` naming `path` and the first parameter holding NaN or inf.
+
+    Args:
         state_dict: name -> tensor; non-floating and empty tensors are skipped.
         path: the checkpoint being written, for the message.
     """
-    for name, tensor in state_dict.items():
-        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()):
-            continue
-        low, high = torch.aminmax(tensor.detach())
-        if not bool(torch.isfinite(low) & torch.isfinite(high)):
-            nan, inf = int(tensor.isnan().sum()), int(tensor.isinf().sum())
-            raise NonFiniteCheckpointError(
-                f"Refusing to write checkpoint {path}: parameter {name!r} has {nan} NaN and {inf} inf values"
-                f" out of {tensor.numel()}. Existing checkpoints are untouched; resume from the newest one."
-            )
+    name = first_non_finite(state_dict)
+    if name is not None:
+        tensor = state_dict[name]
+        nan, inf = int(tensor.isnan().sum()), int(tensor.isinf().sum())
+        raise NonFiniteCheckpointError(
+            f"Refusing to write checkpoint {path}: parameter {name!r} has {nan} NaN and {inf} inf values"
+            f" out of {tensor.numel()}. Existing checkpoints are untouched; resume from the newest one."
+        )
 
 
 def incomplete_reason(path: str) -> str | None:
@@ -341,6 +353,20 @@ class SafeModelCheckpoint(ModelCheckpoint):
             self._save_topk_checkpoint(trainer, metrics)
             self._save_last_checkpoint(trainer, metrics)
         super().on_train_end(trainer, pl_module)
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        # Private: every rank calls it for each save, and only rank 0 writes, so only rank 0's writer would
+        # refuse non-finite weights while the other ranks wait for it in the save's barrier. Deciding on
+        # every rank first makes them all raise together. Each rank checks its own parameters (a shard under
+        # ZeRO-3 or FSDP), so nothing is gathered for it.
+        weights = dict(trainer.lightning_module.named_parameters())
+        if not trainer.strategy.reduce_boolean_decision(first_non_finite(weights) is None, all=True):
+            check_finite(weights, filepath)  # raises naming the parameter on the ranks that hold it
+            raise NonFiniteCheckpointError(
+                f"Refusing to write checkpoint {filepath}: another rank's weights hold NaN or inf. Existing"
+                " checkpoints are untouched; resume from the newest one."
+            )
+        super()._save_checkpoint(trainer, filepath)
 
     def _find_last_checkpoints(self, trainer) -> set[str]:
         # Private: Lightning's `_CheckpointConnector._parse_ckpt_path` resolves ckpt_path="last" to the

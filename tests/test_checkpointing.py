@@ -179,6 +179,30 @@ def test_non_finite_weights_are_refused_and_existing_checkpoints_untouched(tmp_p
     assert step_of(directory / "epoch=0-step=2.ckpt") == 2
 
 
+@pytest.mark.multiprocess
+def test_under_ddp_every_rank_refuses_when_any_ranks_weights_are_non_finite(tmp_path, tiny_model_dir):
+    """Only rank 0 writes; weights gone bad on rank 1 alone must stop the save too (and every rank raises,
+    rather than the others waiting for rank 0 in the save's barrier)."""
+
+    class PoisonRankOne(Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            if trainer.global_step == 3 and trainer.global_rank == 1:
+                next(pl_module.policy.parameters()).data[0, 0] = float("nan")
+
+    directory = tmp_path / "ckpts"
+    checkpoint = SafeModelCheckpoint(directory, every_n_train_steps=1)
+    with pytest.raises(Exception, match="NonFiniteCheckpointError"):
+        fit(
+            tmp_path,
+            tiny_model_dir,
+            [PoisonRankOne(), checkpoint],
+            max_steps=5,
+            devices=2,
+            strategy="ddp_fork",
+        )
+    assert os.listdir(directory) == ["epoch=0-step=2.ckpt"]
+
+
 # Resuming from "last"
 
 
@@ -295,6 +319,7 @@ def test_lightning_private_methods_overridden_or_called_are_still_there():
         "_monitor_candidates": ["self", "trainer"],
         "_save_topk_checkpoint": ["self", "trainer", "monitor_candidates"],
         "_save_last_checkpoint": ["self", "trainer", "monitor_candidates"],
+        "_save_checkpoint": ["self", "trainer", "filepath"],
     }
     for name, parameters in expected.items():
         assert list(inspect.signature(getattr(ModelCheckpoint, name)).parameters) == parameters, name
