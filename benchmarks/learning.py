@@ -84,7 +84,7 @@ VARIANTS = {
     "rho 0.25": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.25}), 46.4),
     "rho 0.75": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.75}), 44.8),
 }
-PAPER_GRPO = VARIANTS["GRPO"][2]
+PAPER_GRPO, PAPER_FULL = VARIANTS["GRPO"][2], VARIANTS["ExGRPO paper"][2]
 PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed")
 TASKS = ("arithmetic", "reasoning")
 # Steps of a --quick run per task (full runs take the task's own max_steps).
@@ -236,26 +236,34 @@ def at_tokens(curve: list, budget: float) -> float:
 
 def summarise(results: dict) -> dict:
     """Per task and variant: start, final (equal steps), best, the value at equal generated tokens, the
-    final's difference from GRPO's over the seeds both ran (paired, in points) and what replay did."""
+    final's difference from GRPO's and, for an ablation, from the full method's (the paper preset), each
+    over the seeds both ran (paired, in points), and what replay did."""
     out = {}
     for task, variants in results.items():
         budget = min(run["curve"][-1][1] for runs in variants.values() for run in runs)
-        grpo = {run["seed"]: run["curve"][-1][2] for run in variants.get("GRPO", [])}
         out[task] = {"token_budget": budget, "variants": {}}
         for name, runs in variants.items():
-            paired = [100 * (r["curve"][-1][2] - grpo[r["seed"]]) for r in runs if r["seed"] in grpo]
+            ablation = VARIANTS[name][1] is not None
             out[task]["variants"][name] = {
                 "seeds": len(runs),
                 "start": interval([r["curve"][0][2] for r in runs]),
                 "final": interval([r["curve"][-1][2] for r in runs]),
                 "best": interval([max(p[2] for p in r["curve"]) for r in runs]),
                 "equal_tokens": interval([at_tokens(r["curve"], budget) for r in runs]),
-                "vs_grpo_points": interval(paired) if paired and name != "GRPO" else None,
+                "vs_grpo_points": _paired(runs, variants.get("GRPO")) if name != "GRPO" else None,
+                "vs_full_points": _paired(runs, variants.get("ExGRPO paper")) if ablation else None,
                 "replays": interval([r["diagnostics"]["replays"] for r in runs]),
                 "distinct_replayed": interval([r["diagnostics"]["distinct_questions"] for r in runs]),
                 "max_replays": interval([r["diagnostics"]["max_replays_per_question"] for r in runs]),
             }
     return out
+
+
+def _paired(runs: list[dict], reference: list[dict] | None) -> tuple[float, float] | None:
+    """Final val pass@1 minus the reference variant's at the same seed, in points (None: no seed shared)."""
+    finals = {run["seed"]: run["curve"][-1][2] for run in reference or []}
+    differences = [100 * (r["curve"][-1][2] - finals[r["seed"]]) for r in runs if r["seed"] in finals]
+    return interval(differences) if differences else None
 
 
 def report(results: dict, suffix: str) -> None:
@@ -275,33 +283,31 @@ def report(results: dict, suffix: str) -> None:
 
 
 def markdown_table(rows: dict) -> str:
-    """The summary of one task as the README shows it: "vs GRPO" pairs runs of the same seed; the paper's
-    column is its ablation table's average accuracy and that minus its GRPO's."""
+    """The summary of one task as the README shows it: "vs GRPO" and "vs full method" pair runs of the same
+    seed; the paper's column is its ablation table's average accuracy, and that minus its GRPO's and its
+    full method's."""
     columns = (
         "variant", "seeds", "final val pass@1 (equal steps)", "vs GRPO, same seeds (points)",
-        "at equal tokens", "paper: average, vs GRPO", "replayed trajectories (distinct questions)",
-        "most replays of one question",
+        "vs full method, same seeds (points)", "at equal tokens", "paper: average, vs GRPO, vs full",
+        "replayed trajectories (distinct questions)", "most replays of one question",
     )  # fmt: skip
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for name, row in sorted(rows.items(), key=lambda item: list(VARIANTS).index(item[0])):
         paper = VARIANTS[name][2]
-        paper = (
-            "—" if paper is None else f"{paper}" if name == "GRPO" else f"{paper}, {paper - PAPER_GRPO:+.1f}"
+        if paper is not None and name != "GRPO":
+            versus_full = f", {paper - PAPER_FULL:+.1f}" if VARIANTS[name][1] is not None else ""
+            paper = f"{paper}, {paper - PAPER_GRPO:+.1f}{versus_full}"
+        vs_grpo, vs_full = (
+            "—" if row[key] is None else _fmt(row[key], "+.1f")
+            for key in ("vs_grpo_points", "vs_full_points")
         )
-        vs_grpo = "—" if row["vs_grpo_points"] is None else _fmt(row["vs_grpo_points"], "+.1f")
         replay = row["replays"][0] > 0
         replayed = f"{row['replays'][0]:,.0f} ({row['distinct_replayed'][0]:,.0f})" if replay else "—"
         most = f"{row['max_replays'][0]:.0f}" if replay else "—"
         cells = (
-            name,
-            row["seeds"],
-            _fmt(row["final"]),
-            vs_grpo,
-            _fmt(row["equal_tokens"]),
-            paper,
-            replayed,
-            most,
-        )
+            name, row["seeds"], _fmt(row["final"]), vs_grpo, vs_full, _fmt(row["equal_tokens"]),
+            "—" if paper is None else paper, replayed, most,
+        )  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 

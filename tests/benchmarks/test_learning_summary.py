@@ -31,11 +31,31 @@ def test_vs_grpo_pairs_the_seeds_both_ran():
     assert rows["ExGRPO paper"]["replays"] == (40, 0.0)
 
 
+def test_an_ablation_is_also_paired_with_the_full_method():
+    runs = {
+        "GRPO": [make_run(0, 0.50), make_run(1, 0.60)],
+        "ExGRPO paper": [make_run(0, 0.52, 40), make_run(1, 0.57, 40)],
+        "rho 0.75": [make_run(0, 0.47, 60), make_run(1, 0.56, 60)],
+    }
+    rows = summarise({"reasoning": runs})["reasoning"]["variants"]
+    assert rows["ExGRPO paper"]["vs_full_points"] is None and rows["GRPO"]["vs_full_points"] is None
+    mean, half = rows["rho 0.75"]["vs_full_points"]  # -5 (seed 0) and -1 (seed 1) points
+    assert mean == pytest.approx(-3.0) and half == pytest.approx(stats.t.ppf(0.975, 1) * 2.0)
+
+
 def test_markdown_table_lists_variants_in_the_benchmarks_order_with_the_papers_numbers():
-    runs = {"ExGRPO paper": [make_run(0, 0.52, 40)], "GRPO": [make_run(0, 0.50)]}
+    runs = {
+        "rho 0.25": [make_run(0, 0.55, 20)],
+        "ExGRPO paper": [make_run(0, 0.52, 40)],
+        "GRPO": [make_run(0, 0.5)],
+    }
     table = markdown_table(summarise({"arithmetic": runs})["arithmetic"]["variants"]).splitlines()
-    assert table[2] == "| GRPO | 1 | 0.500 ± 0.000 | — | 0.500 ± 0.000 | 45.3 | — | — |"
-    assert (
-        table[3]
-        == "| ExGRPO paper | 1 | 0.520 ± 0.000 | +2.0 ± 0.0 | 0.520 ± 0.000 | 48.3, +3.0 | 40 (20) | 2 |"
+    assert [row.split(" | ")[0] for row in table[2:]] == ["| GRPO", "| ExGRPO paper", "| rho 0.25"]
+    assert table[2] == "| GRPO | 1 | 0.500 ± 0.000 | — | — | 0.500 ± 0.000 | 45.3 | — | — |"
+    assert table[3] == (
+        "| ExGRPO paper | 1 | 0.520 ± 0.000 | +2.0 ± 0.0 | — | 0.520 ± 0.000 | 48.3, +3.0 | 40 (20) | 2 |"
+    )
+    assert table[4] == (
+        "| rho 0.25 | 1 | 0.550 ± 0.000 | +5.0 ± 0.0 | +3.0 ± 0.0 | 0.550 ± 0.000 | 46.4, +1.1, -1.9"
+        " | 20 (10) | 2 |"
     )
