@@ -1,5 +1,8 @@
 """GRPO vs ExGRPO (paper and seed presets, and the paper's ablations) on both embedded tasks, 5+ seeds each.
 
+One more variant, not in the paper: the paper preset without its ReplayCallback ("paper preset, no replay"),
+which separates what replay does from what the preset's other settings (advantages, entropy bonus) do.
+
 Every run is `exgrpo fit` of a shipped preset for a fixed number of optimizer steps (the paper's axis); its
 validation curve is kept against steps and against generated tokens, so variants compare at equal steps
 (the final point) and at equal generated tokens (each curve read at the budget every run reached). Replay
@@ -63,6 +66,13 @@ def _paper_ablation(replay: dict | None = None, callback: dict | None = None, mo
     return apply
 
 
+def _without_replay(cli) -> None:
+    """The paper preset's module (its advantages, loss and entropy bonus) without its ReplayCallback: no
+    replay and no retired questions, so that the paper preset's difference from GRPO splits into what
+    replay does and what the preset's other settings do."""
+    cli.trainer.callbacks.remove(_replay_callback(cli))
+
+
 # name -> (preset, change applied to the built CLI objects, the variant's average accuracy in the paper's
 # ablation study, arXiv 2510.02245; None: not one of its variants)
 VARIANTS = {
@@ -83,6 +93,7 @@ VARIANTS = {
     "no policy shaping": ("exgrpo_paper", _paper_ablation(module={"off_policy_correction": "none"}), 41.2),
     "rho 0.25": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.25}), 46.4),
     "rho 0.75": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.75}), 44.8),
+    "paper preset, no replay": ("exgrpo_paper", _without_replay, None),
 }
 PAPER_GRPO, PAPER_FULL = VARIANTS["GRPO"][2], VARIANTS["ExGRPO paper"][2]
 PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed")

@@ -55,11 +55,12 @@ def test_overhead_benchmark(bench):
 
 
 def test_learning_benchmark(bench):
-    out = bench("learning", "--quick", "--seeds", "1", "--steps", "4", "--variants", "GRPO", "ExGRPO paper")
+    names = ("GRPO", "ExGRPO paper", "paper preset, no replay")
+    out = bench("learning", "--quick", "--seeds", "1", "--steps", "4", "--variants", *names)
     result = json.loads((out / "learning_quick.json").read_text())
     assert set(result["runs"]) == {"arithmetic", "reasoning"}
     for task, variants in result["runs"].items():
-        assert set(variants) == {"GRPO", "ExGRPO paper"}
+        assert set(variants) == set(names)
         for (run,) in variants.values():
             steps = [point[0] for point in run["curve"]]
             tokens = [point[1] for point in run["curve"]]

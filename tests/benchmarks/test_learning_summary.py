@@ -1,4 +1,5 @@
-"""The learning benchmark's summary: exact small cases for what its README tables are made of."""
+"""The learning benchmark's variants, and its summary: exact small cases for what its README tables are made
+of."""
 
 import sys
 from pathlib import Path
@@ -7,7 +8,12 @@ import pytest
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from learning import markdown_table, summarise  # noqa: E402
+from exgrpo_pl.callbacks import ReplayCallback
+from learning import ROOT, VARIANTS, markdown_table, summarise  # noqa: E402
+
+from exgrpo_pl.cli import ExGRPOCLI
+from exgrpo_pl.data import PromptDataModule
+from exgrpo_pl.module import ExGRPOModule
 
 
 def make_run(seed: int, final: float, replays: int = 0) -> dict:
@@ -59,3 +65,13 @@ def test_markdown_table_lists_variants_in_the_benchmarks_order_with_the_papers_n
         "| rho 0.25 | 1 | 0.550 ± 0.000 | +5.0 ± 0.0 | +3.0 ± 0.0 | 0.550 ± 0.000 | 46.4, +1.1, -1.9"
         " | 20 (10) | 2 |"
     )
+
+
+def test_the_no_replay_variant_is_the_paper_presets_module_without_its_replay_callback():
+    args = ["--config", str(ROOT / "configs" / "exgrpo_paper.yaml"), "--trainer.logger=false"]
+    cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
+    assert any(isinstance(c, ReplayCallback) for c in cli.trainer.callbacks)
+    preset, change, _ = VARIANTS["paper preset, no replay"]
+    change(cli)
+    assert preset == "exgrpo_paper" and not any(isinstance(c, ReplayCallback) for c in cli.trainer.callbacks)
+    assert cli.model.hparams.scale_rewards == "none" and cli.model.hparams.off_policy_correction == "shaping"
