@@ -203,7 +203,7 @@ def run(task: str, name: str, seed: int, steps: int | None, workdir: Path, threa
 
 
 def code_version() -> str:
-    """The commit a run's code came from, with "+changes" when the package, the configs or this benchmark
+    """The commit a run's code came from, with "+changes" when the packages, the configs or this benchmark
     differ from it (runs resumed across commits each keep their own)."""
 
     def git(*args: str) -> subprocess.CompletedProcess:
@@ -212,7 +212,9 @@ def code_version() -> str:
     head = git("rev-parse", "HEAD")
     if head.returncode != 0:
         return "unknown (not a git checkout)"
-    changed = git("diff", "--quiet", "HEAD", "--", "exgrpo_pl", "configs", "benchmarks/learning.py")
+    changed = git(
+        "diff", "--quiet", "HEAD", "--", "exgrpo_pl", "callbacks", "configs", "benchmarks/learning.py"
+    )
     return head.stdout.strip() + ("+changes" if changed.returncode else "")
 
 
