@@ -255,7 +255,8 @@ def summarise(results: dict) -> dict:
     for task, variants in results.items():
         budget = min(run["curve"][-1][1] for runs in variants.values() for run in runs)
         out[task] = {"token_budget": budget, "variants": {}}
-        for name, runs in variants.items():
+        for name in sorted(variants, key=list(VARIANTS).index):  # the tables' and plots' order
+            runs = variants[name]
             ablation = VARIANTS[name][1] is not None
             out[task]["variants"][name] = {
                 "seeds": len(runs),
@@ -305,7 +306,7 @@ def markdown_table(rows: dict) -> str:
         "replayed trajectories (distinct questions)", "most replays of one question",
     )  # fmt: skip
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for name, row in sorted(rows.items(), key=lambda item: list(VARIANTS).index(item[0])):
+    for name, row in rows.items():
         paper = VARIANTS[name][2]
         if paper is not None and name != "GRPO":
             versus_full = f", {paper - PAPER_FULL:+.1f}" if VARIANTS[name][1] is not None else ""
@@ -363,7 +364,8 @@ def _pyplot():
 def _plot_curves(runs_by_variant: dict, summary: dict, path: Path, task: str) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
-    for name, runs in runs_by_variant.items():
+    for name in summary["variants"]:
+        runs = runs_by_variant[name]
         points = min(len(r["curve"]) for r in runs)
         curves = np.array([[p for p in r["curve"][:points]] for r in runs])  # [seeds, points, 3]
         style = "-" if name in PRESETS else ":"  # presets solid with their intervals, ablations dotted
