@@ -15,9 +15,10 @@ benchmarks/results/.
     python benchmarks/learning.py --jobs 2           # both tasks, all variants, 5 seeds: ~3 h on 2 cores
     python benchmarks/learning.py --jobs 2 --resume  # finish an interrupted run (finished runs are kept)
 
-Tasks: "arithmetic" is the presets as shipped (`configs/*.yaml`: one-step sums, every correct completion of a
-question the same string); "reasoning" lays configs/quickstart_reasoning.yaml's model, data and schedule over
-each preset (step-by-step derivations whose correct completions differ, so trajectory selection has a choice).
+Tasks: "arithmetic" is the presets as shipped (`configs/*.yaml`: one-step sums, nearly every correct
+completion of a question the same string); "reasoning" lays configs/quickstart_reasoning.yaml's model, data
+and schedule over each preset (step-by-step derivations whose correct completions differ, so trajectory
+selection has a choice).
 Seed s is `--seed_everything=s`: the data order, replay draws, rollout and validation samples all derive from
 it, so seeds are independent runs. Each run records the commit its code came from. Not a timed test: a
 measurement to read.

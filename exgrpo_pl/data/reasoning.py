@@ -1,9 +1,10 @@
 """Synthetic reasoning task: sums of 2-4 terms worked out step by step, in any order the model likes.
 
 "12-7+30=" is answered by a short derivation such as "12-7=5;5+30=35" or "30-7=23;23+12=35" (verified by
-`exgrpo_pl.rewards.ReasoningReward`). Unlike `ArithmeticTask`, whose right answers to a question are all the
-same string, a question here has several right completions that differ in text and in how sure the policy
-was of them, which is what ExGRPO's lowest-entropy choice among a question's correct trajectories needs.
+`exgrpo_pl.rewards.ReasoningReward`). Unlike `ArithmeticTask`, whose right answers to a question are nearly
+all the same string, a question here has several right completions that differ in text and in how sure the
+policy was of them, which is what ExGRPO's lowest-entropy choice among a question's correct trajectories
+needs.
 
 Questions come in difficulty families (their `domain`): the number of terms, one- or two-digit operands, and
 whether some terms are subtracted. Everything is deterministic in the seed and the configuration, as in
