@@ -12,7 +12,7 @@ intervals (Student t over seeds) and the paper's ablation numbers beside them; w
 benchmarks/results/.
 
     python benchmarks/learning.py --quick --jobs 2   # three presets, 2 seeds, short runs: < 10 min on 2 cores
-    python benchmarks/learning.py --jobs 2           # both tasks, all variants, 5 seeds: ~3 h on 2 cores
+    python benchmarks/learning.py --jobs 2           # both tasks, all variants, 5 seeds: ~2.5 h on 2 cores
     python benchmarks/learning.py --jobs 2 --resume  # finish an interrupted run (finished runs are kept)
 
 Tasks: "arithmetic" is the presets as shipped (`configs/*.yaml`: one-step sums, nearly every correct
