@@ -161,6 +161,19 @@ def first_non_finite(tensors: dict[str, Any]) -> str | None:
     return None
 
 
+def held_parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Name -> the values of each parameter this process holds: the parameter itself, or under DeepSpeed
+    ZeRO-3, whose parameters are empty placeholders between forwards, this rank's partition (`ds_tensor`).
+
+    Args:
+        module: the (possibly sharded) module.
+    """
+    return {
+        name: parameter if getattr(parameter, "ds_tensor", None) is None else parameter.ds_tensor
+        for name, parameter in module.named_parameters()
+    }
+
+
 def check_finite(state_dict: dict[str, Any], path: Any) -> None:
     """Raises `NonFiniteCheckpointError` naming `path` and the first parameter holding NaN or inf.
 
@@ -357,9 +370,8 @@ class SafeModelCheckpoint(ModelCheckpoint):
     def _save_checkpoint(self, trainer, filepath: str) -> None:
         # Private: every rank calls it for each save, and only rank 0 writes, so only rank 0's writer would
         # refuse non-finite weights while the other ranks wait for it in the save's barrier. Deciding on
-        # every rank first makes them all raise together. Each rank checks its own parameters (a shard under
-        # ZeRO-3 or FSDP), so nothing is gathered for it.
-        weights = dict(trainer.lightning_module.named_parameters())
+        # every rank first makes them all raise together, each over what it holds (nothing is gathered).
+        weights = held_parameters(trainer.lightning_module)
         if not trainer.strategy.reduce_boolean_decision(first_non_finite(weights) is None, all=True):
             check_finite(weights, filepath)  # raises naming the parameter on the ranks that hold it
             raise NonFiniteCheckpointError(

@@ -25,6 +25,8 @@ from exgrpo_pl.checkpointing import (
     NonFiniteCheckpointError,
     SafeModelCheckpoint,
     check_finite,
+    first_non_finite,
+    held_parameters,
     incomplete_reason,
     remove_stale_temp_files,
     save_atomically,
@@ -177,6 +179,15 @@ def test_non_finite_weights_are_refused_and_existing_checkpoints_untouched(tmp_p
     assert f"{directory}/epoch=0-step=3.ckpt:" in message and "'policy.model.embed_tokens.weight'" in message
     assert os.listdir(directory) == ["epoch=0-step=2.ckpt"]
     assert step_of(directory / "epoch=0-step=2.ckpt") == 2
+
+
+def test_held_parameters_reads_a_zero3_partition_instead_of_its_empty_placeholder():
+    module = torch.nn.Linear(2, 2)
+    module.weight.data = torch.empty(0)  # what ZeRO-3 leaves in a partitioned parameter
+    module.weight.ds_tensor = torch.tensor([1.0, float("nan")])  # this rank's partition
+    held = held_parameters(module)
+    assert held["weight"] is module.weight.ds_tensor and held["bias"] is module.bias
+    assert first_non_finite(held) == "weight" and first_non_finite(dict(module.named_parameters())) is None
 
 
 @pytest.mark.multiprocess
