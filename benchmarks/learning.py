@@ -123,14 +123,16 @@ def task_overlay(task: str) -> dict:
 
 class Record(Callback):
     """The validation curve [(step, generated tokens, val pass@1)] after the start, and what replay did:
-    every replayed question (id and family) per step, and every `every` steps the number of questions in
-    play per correctness bucket (the latest group's correct count out of K; retired questions left out)."""
+    every replayed question (id and family) per step, every `every` steps the number of questions in play
+    per correctness bucket (the latest group's correct count out of K; retired questions left out), and the
+    mean length in tokens of the replayed completions and of the fresh correct ones."""
 
     def __init__(self, every: int = 20) -> None:
         self.every = every
         self.curve: list[tuple[int, float, float]] = []
         self.replayed: list[tuple[int, list[int], list[str]]] = []
         self.buckets: list[tuple[int, list[int]]] = []
+        self.tokens = {"replayed": [0, 0], "fresh_correct": [0, 0]}  # [tokens, completions]
 
     def on_validation_end(self, trainer, pl_module) -> None:
         value = float(trainer.callback_metrics["val/pass@1"])
@@ -138,6 +140,13 @@ class Record(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         rollouts = outputs["rollouts"]
+        lengths = rollouts.completion_mask.sum(1)
+        for kind, mask in (
+            ("replayed", rollouts.replayed),
+            ("fresh_correct", ~rollouts.replayed & rollouts.correct),
+        ):
+            self.tokens[kind][0] += int(lengths[mask].sum())
+            self.tokens[kind][1] += int(mask.sum())
         rows = rollouts.replayed.nonzero().flatten().tolist()
         if rows:
             families = [rollouts.domains[i] if rollouts.domains else "" for i in rows]
@@ -163,6 +172,7 @@ class Record(Callback):
             "max_replays_per_question": per_question[0] if per_question else 0,
             "top_tenth_share": sum(top) / sum(per_question) if per_question else 0.0,
             "replays_per_question": per_question,
+            "completion_tokens": {kind: total / n if n else None for kind, (total, n) in self.tokens.items()},
             "replayed": self.replayed,
             "buckets": self.buckets,
         }
@@ -270,8 +280,17 @@ def summarise(results: dict) -> dict:
                 "replays": interval([r["diagnostics"]["replays"] for r in runs]),
                 "distinct_replayed": interval([r["diagnostics"]["distinct_questions"] for r in runs]),
                 "max_replays": interval([r["diagnostics"]["max_replays_per_question"] for r in runs]),
+                "replayed_tokens": _completion_tokens(runs, "replayed"),
+                "fresh_correct_tokens": _completion_tokens(runs, "fresh_correct"),
             }
     return out
+
+
+def _completion_tokens(runs: list[dict], kind: str) -> tuple[float, float] | None:
+    """Mean completion length of a kind of trajectory over the seeds; None unless every run recorded it (runs
+    made before this diagnostic existed did not)."""
+    values = [r["diagnostics"].get("completion_tokens", {}).get(kind) for r in runs]
+    return None if None in values else interval(values)
 
 
 def _paired(runs: list[dict], reference: list[dict] | None) -> tuple[float, float] | None:
@@ -288,6 +307,12 @@ def report(results: dict, suffix: str) -> None:
         budget = entry["token_budget"]
         print(f"\n{task}: val pass@1, mean ± 95% interval over seeds; equal tokens = {budget:.0f}\n")
         print(markdown_table(entry["variants"]))
+        for name, row in entry["variants"].items():
+            if row["replayed_tokens"] is not None and row["fresh_correct_tokens"] is not None:
+                print(
+                    f"{name}: completions of {_fmt(row['replayed_tokens'], '.2f')} tokens replayed, fresh"
+                    f" correct ones {_fmt(row['fresh_correct_tokens'], '.2f')}"
+                )
     RESULTS.mkdir(parents=True, exist_ok=True)
     record = {"summary": summary, "runs": _without_replay_records(results)}
     (RESULTS / f"learning{suffix}.json").write_text(json.dumps(record))

@@ -67,6 +67,7 @@ def test_learning_benchmark(bench):
             assert steps[0] == 0 and steps[-1] == 4 and tokens == sorted(tokens) and tokens[-1] > 0
             assert run["commit"] == sys.modules["learning"].code_version()  # the code it ran
         assert variants["GRPO"][0]["diagnostics"]["replays"] == 0
+        assert variants["GRPO"][0]["diagnostics"]["completion_tokens"]["replayed"] is None
         summary = result["summary"][task]
         assert summary["token_budget"] <= min(v[0]["curve"][-1][1] for v in variants.values())
         assert (out / f"learning_{task}_quick.png").exists() and (

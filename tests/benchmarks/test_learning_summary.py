@@ -75,3 +75,13 @@ def test_the_no_replay_variant_is_the_paper_presets_module_without_its_replay_ca
     change(cli)
     assert preset == "exgrpo_paper" and not any(isinstance(c, ReplayCallback) for c in cli.trainer.callbacks)
     assert cli.model.hparams.scale_rewards == "none" and cli.model.hparams.off_policy_correction == "shaping"
+
+
+def test_completion_lengths_are_summarised_only_when_every_run_recorded_them():
+    runs = [make_run(0, 0.5, 10), make_run(1, 0.6, 10)]
+    runs[0]["diagnostics"]["completion_tokens"] = {"replayed": 3.0, "fresh_correct": 2.0}
+    row = summarise({"arithmetic": {"ExGRPO paper": runs}})["arithmetic"]["variants"]["ExGRPO paper"]
+    assert row["replayed_tokens"] is None  # seed 1 ran before the diagnostic existed
+    runs[1]["diagnostics"]["completion_tokens"] = {"replayed": 5.0, "fresh_correct": 2.0}
+    row = summarise({"arithmetic": {"ExGRPO paper": runs}})["arithmetic"]["variants"]["ExGRPO paper"]
+    assert row["replayed_tokens"][0] == 4.0 and row["fresh_correct_tokens"] == (2.0, 0.0)
