@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import pickle
 import re
 import secrets
 import shutil
@@ -35,10 +36,20 @@ class NonFiniteCheckpointError(ValueError):
     """A checkpoint's weights hold NaN or inf; nothing was written."""
 
 
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint's pickle names something other than tensors and primitives; nothing of it was run."""
+
+
 def _local(path: Any) -> str | None:
     """`path` as a local filesystem path, or None for a remote URL (left to Lightning's writer)."""
     fs, local = url_to_fs(str(path))
     return local if isinstance(fs, LocalFileSystem) else None
+
+
+def _unpickler_reason(err: Exception) -> str:
+    """The line of torch's long weights-only refusal that says what was refused."""
+    lines = [line.strip() for line in str(err).splitlines()]
+    return next((line for line in lines if "Unpickler error" in line), lines[0] if lines else "")
 
 
 def temp_path(path: str) -> str:
@@ -281,11 +292,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             save_atomically(checkpoint, local)
 
     def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only=None):
-        """`TorchCheckpointIO.load_checkpoint`; an incomplete file's error names it and says what happened."""
+        """`TorchCheckpointIO.load_checkpoint`, unpickling tensors and primitives only, local file or URL.
+
+        Lightning loads a URL with `weights_only=False` unless told otherwise, which runs whatever code the
+        file's pickle names; here `weights_only=None` means True everywhere (only an explicit False, given
+        to `Trainer.fit(weights_only=False)` for a trusted file, allows more). An incomplete file's error
+        names it and says what happened.
+        """
+        weights_only = True if weights_only is None else weights_only
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except FileNotFoundError:
             raise
+        except pickle.UnpicklingError as err:
+            raise UnsafeCheckpointError(
+                f"Refusing to load checkpoint {path}: it holds objects other than tensors and primitive"
+                " containers, and unpickling them could run code. Load it with `weights_only=False` only if"
+                f" you trust its source. ({_unpickler_reason(err)})"
+            ) from err
         except Exception as err:
             local = _local(path)
             reason = incomplete_reason(local) if local is not None else None

@@ -1,6 +1,8 @@
 """Kill-proof checkpoints: atomic writes next to the target, temp cleanup, the non-finite refusal, "last"
 resolving to the newest complete checkpoint, a save when training ends, and SIGKILL trials during saves."""
 
+import functools
+import http.server
 import inspect
 import os
 import random
@@ -8,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,7 @@ from exgrpo_pl.checkpointing import (
     AtomicCheckpointIO,
     NonFiniteCheckpointError,
     SafeModelCheckpoint,
+    UnsafeCheckpointError,
     check_finite,
     first_non_finite,
     held_parameters,
@@ -254,6 +258,47 @@ def test_loading_an_incomplete_file_names_it(tmp_path):
     (tmp_path / "a.ckpt").write_bytes(b"PK\x03\x04 cut")
     with pytest.raises(RuntimeError, match=r"a.ckpt is incomplete \(BadZipFile"):
         AtomicCheckpointIO().load_checkpoint(tmp_path / "a.ckpt")
+
+
+class WritesMarker:
+    """A harmless payload: unpickling it creates the file `marker` (as a malicious one would run code)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.fixture
+def payload(tmp_path):
+    marker = tmp_path / "payload-ran"
+    torch.save({"state_dict": {}, "global_step": 1, "evil": WritesMarker(marker)}, tmp_path / "evil.ckpt")
+    return tmp_path / "evil.ckpt", marker
+
+
+def test_a_local_checkpoint_naming_code_is_refused_unrun(payload):
+    path, marker = payload
+    with pytest.raises(UnsafeCheckpointError, match=r"evil.ckpt.*GLOBAL io.open"):
+        AtomicCheckpointIO().load_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_url_naming_code_is_refused_unrun(payload, monkeypatch, tmp_path):
+    path, marker = payload
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))  # where torch.hub caches the download
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(path.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.timeout = 10
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{path.name}"
+        with pytest.raises(UnsafeCheckpointError, match=r"http://127.0.0.1.*evil.ckpt"):
+            AtomicCheckpointIO().load_checkpoint(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not marker.exists()
 
 
 # Saving when training ends
