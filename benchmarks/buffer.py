@@ -85,9 +85,9 @@ def main() -> None:
     make_chunk(0, torch.Generator().manual_seed(1))
     gc.collect()
     before = rss_bytes()
-    # retire_solved off: questions with 8/8 correct would otherwise leave, and the buffer would hold fewer.
+    # retirement off: questions with 8/8 correct would otherwise leave, and the buffer would hold fewer.
     chunks = size // CHUNK  # whole chunks fill the buffer exactly, so eviction drops whole chunks
-    buffer = TrajectoryBuffer(max_size=chunks * CHUNK, bucketer=DifficultyBucketer(retire_solved=False))
+    buffer = TrajectoryBuffer(max_size=chunks * CHUNK, bucketer=DifficultyBucketer(retire_from=None))
     payloads, add_seconds = [], []
     after_add = {strategy: [] for strategy in STRATEGIES}
     sampler = torch.Generator().manual_seed(1)

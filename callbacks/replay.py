@@ -55,6 +55,10 @@ class ReplayCallback(Callback):
         start_pass_rate: replay starts after a training batch's pass rate exceeds this (paper: 0.35);
             None = no pass-rate condition.
         min_buffer_size: fewest stored trajectories to replay from (the seed: 1000).
+        bounded_demand: mix mode: a step replays at most as many questions as the buffer holds in the
+            medium-difficulty range (`replay.medium_range`), and the rest of the batch stays fresh, instead of
+            drawing the rho share from wherever it can, which drains the medium tiers and then the tiers on
+            either side when few questions arrive there per step. False replays the full share (the paper).
     """
 
     def __init__(
@@ -66,6 +70,7 @@ class ReplayCallback(Callback):
         replay_start_epoch: int | None = None,
         start_pass_rate: float | None = None,
         min_buffer_size: int = 1000,
+        bounded_demand: bool = False,
     ) -> None:
         if mode not in REPLAY_MODES:
             raise ValueError(f"ReplayCallback mode={mode!r}; allowed: {', '.join(REPLAY_MODES)}")
@@ -85,11 +90,17 @@ class ReplayCallback(Callback):
                 f"SelectiveReplay entropy_percentile={self.replay.entropy_percentile} is not one of the "
                 f"buffer's entropy_percentiles {list(percentiles)}"
             )
+        if bounded_demand and mode != "mix":
+            raise ValueError(
+                "ReplayCallback bounded_demand=True needs mode='mix' (a swap replaces the whole batch)"
+            )
         self.mode = mode
         self.mix_fraction = mix_fraction
         self.replay_start_epoch = replay_start_epoch
         self.start_pass_rate = start_pass_rate
         self.min_buffer_size = min_buffer_size
+        self.bounded_demand = bool(bounded_demand)
+        self._warned_small_stream = False
         self.pass_rate_reached = start_pass_rate is None
         self.fallback_steps = 0
         self.replayed_steps = 0
@@ -129,28 +140,43 @@ class ReplayCallback(Callback):
             self._exclude_retired(trainer.datamodule)
 
     def _exclude_retired(self, datamodule) -> None:
-        """Retired questions (solved by every rollout) leave on-policy sampling from the next pass on."""
+        """Sets the questions the next pass leaves out: the bucketer's `out_of_stream` in the epoch about to
+        run (retired questions, where `retire_from` says they leave the stream and re-admission has not
+        brought them back), on every rank alike."""
         exclude = getattr(datamodule, "exclude_questions", None) if datamodule else None
-        retired = _union_across_ranks(self.buffer.bucketer.retired)
+        epoch = datamodule.trainer.current_epoch if datamodule and datamodule.trainer else 0
+        out = _union_across_ranks(self.buffer.bucketer.out_of_stream(epoch))
         if exclude is not None:
-            exclude(retired)
-        elif retired:
+            exclude(out)
+            self._warn_small_stream(len(out), len(getattr(datamodule, "train_rows", ())))
+        elif out:
             rank_zero_warn(
                 "ReplayCallback: the datamodule has no exclude_questions(); retired questions stay in"
             )
+
+    def _warn_small_stream(self, out: int, pool: int) -> None:
+        """Once, when retired questions are more than half of the training pool."""
+        if self._warned_small_stream or not pool or 2 * out <= pool:
+            return
+        self._warned_small_stream = True
+        rank_zero_warn(
+            f"ReplayCallback: {out} of the {pool} training questions are retired (a whole group solved "
+            f"them) and left the fresh stream; {pool - out} are left, the hardest ones. Over many epochs of "
+            "a small set this narrows training to them. DifficultyBucketer(retire_from='buffer') keeps "
+            "solved questions in the stream, readmit_after_epochs=N brings them back after N epochs."
+        )
 
     @override
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._contract.check_batch(batch)
+        self.buffer.bucketer.epoch = trainer.current_epoch
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
         if not self.replay_active(trainer) or not self.replay.should_replay():
             return
-        questions = len(batch["prompt"])
-        k = pl_module.num_generations
-        size = questions * k if self.mode == "swap" else max(1, round(self.mix_fraction * questions))
-        if not _all_ranks(trainer, len(self.buffer) >= self.min_buffer_size):
+        size = self._demand(len(batch["prompt"]), pl_module.num_generations)
+        if not _all_ranks(trainer, len(self.buffer) >= self.min_buffer_size and size > 0):
             self.fallback_steps += 1
             return
         started = time.perf_counter()
@@ -166,6 +192,16 @@ class ReplayCallback(Callback):
             return
         batch["experience"] = Experience(self.mode, experience)
         self.replayed_steps += 1
+
+    def _demand(self, questions: int, k: int) -> int:
+        """How much this step asks of the buffer: swap mode, a whole batch of trajectories; mix mode, the rho
+        share of its questions, at most the medium range's supply with `bounded_demand`."""
+        if self.mode == "swap":
+            return questions * k
+        share = max(1, round(self.mix_fraction * questions))
+        if not self.bounded_demand:
+            return share
+        return min(share, self.buffer.num_questions_in(self.replay.medium_range(self.buffer)))
 
     @override
     def on_train_batch_end(

@@ -486,10 +486,7 @@ class TrajectoryBuffer:
             )
         if qs == "gaussian" and not gaussian_sigma > 0:
             raise ValueError(f"gaussian_sigma must be > 0, got {gaussian_sigma!r}")
-        self._sync_qidx()
-        rates = self._bucketer.dense_rates()
-        eligible = self._index.counts(len(rates)) > 0  # [num_questions], refined below
-        eligible &= np.isfinite(rates) & ~self._bucketer.dense_retired()
+        rates, eligible = self._replayable()  # refined below
         if qs == "medium_range":
             eligible &= (rates >= low) & (rates <= high)
         threshold = np.inf
@@ -512,6 +509,22 @@ class TrajectoryBuffer:
             eligible_ids = np.flatnonzero(eligible)
             chosen = eligible_ids[_choose(len(eligible_ids), size, generator)]
         return self._one_per_question(chosen, ts, threshold, entropy_fn, generator)
+
+    def _replayable(self) -> tuple[np.ndarray, np.ndarray]:
+        """(`[num_questions]` rates, `[num_questions]` bool: the question has a stored trajectory, a rate and
+        is not retired), in the bucketer's dense order."""
+        self._sync_qidx()
+        rates = self._bucketer.dense_rates()
+        eligible = self._index.counts(len(rates)) > 0
+        eligible &= np.isfinite(rates) & ~self._bucketer.dense_retired()
+        return rates, eligible
+
+    def num_questions_in(self, difficulty_range: tuple[float, float]) -> int:
+        """How many questions replay could draw whose rate lies in `difficulty_range` (inclusive): stored,
+        not retired. The supply that `ReplayCallback(bounded_demand=True)` caps a step's replay at."""
+        low, high = check_rate_range(difficulty_range, "difficulty_range")
+        rates, eligible = self._replayable()
+        return int((eligible & (rates >= low) & (rates <= high)).sum())
 
     def _one_per_question(
         self,

@@ -4,7 +4,7 @@ The bucketer is the single source of "how hard is this question right now" for t
 sampler. It sees every fresh scored trajectory (`update`), keeps a window of each question's most recent
 outcomes (the seed's `window_size`, so difficulty follows the policy as it improves), remembers the
 question's latest group (the rollouts of one update call, the paper's buckets) and retires questions that a
-whole group solved. Plain PyTorch/NumPy, no Lightning.
+whole group solved, for as long as they stay solved. Plain PyTorch/NumPy, no Lightning.
 """
 
 from __future__ import annotations
@@ -29,8 +29,12 @@ _QUESTION_COLUMNS = {
     "latest_correct": (np.int64, 0),
     "latest_total": (np.int64, 0),
     "retired": (np.bool_, False),
+    "retired_epoch": (np.int64, 0),  # the epoch of the group that retired it
     "domain": (np.int64, -1),  # index into the domain names; -1 for none
 }
+
+# What a retired question leaves (`DifficultyBucketer.retire_from`): None = it is never retired.
+RETIRE_FROM = ("buffer_and_stream", "buffer")
 
 # A rate c/n that equals a tier edge k/num_tiers can land just below it after rounding (by up to ~6e-8 for
 # float32 input); nudging rates up by this keeps it in tier k. A real rate is never that close below an edge
@@ -64,10 +68,17 @@ class DifficultyBucketer:
     """Per-question correctness over a window of recent trajectories.
 
     Each question has a window of its last `window_size` outcomes (correct or not) and a latest group, the
-    outcomes it got in the most recent `update` call. Its rate is the mean of the window. A question whose
-    latest group has at least `min_retire_group` rollouts, all correct, is retired: the paper removes such
-    questions from the buffer and from on-policy sampling, because a group with no failures has zero
-    advantage and teaches nothing.
+    outcomes it got in the most recent `update` call. Its rate is the mean of the window.
+
+    Retirement: a question whose latest group has at least `min_retire_group` rollouts, all correct, is
+    retired, because a group with no failures has zero advantage and teaches nothing. A retired question
+    leaves the buffer (its trajectories are removed and no new ones are stored, so replay never draws it)
+    and, with `retire_from="buffer_and_stream"` (the paper's code), the fresh question stream too. It stays
+    retired only while it stays solved: a later group of it with a failure brings it back. A question out of
+    the stream is seen again only if something brings it back to the stream: `readmit_after_epochs`. The
+    paper trains one or two passes over 46K questions, where dropping solved questions from the stream costs
+    nothing; over many epochs of a small set it drains the pool (the stream ends up holding the hardest
+    questions only), which "buffer" or `readmit_after_epochs` avoid.
 
     Questions get a dense index in order of first appearance; the `dense_*` accessors expose per-question
     arrays in that order so the buffer can look rates up for 100K rows with one gather.
@@ -76,7 +87,12 @@ class DifficultyBucketer:
         metric: how difficulty is measured. Only "correctness_rate" (the fraction of correct rollouts).
         window_size: number of most recent outcomes per question that its rate is computed over, >= 1.
         correct_threshold: a rollout is correct when its reward is strictly greater than this.
-        retire_solved: retire questions that a whole latest group solved.
+        retire_from: what a solved question leaves: "buffer_and_stream" (the paper's code), "buffer" (it
+            stays in the fresh stream, so its next group shows whether it is still solved), or None (solved
+            questions are never retired).
+        readmit_after_epochs: with "buffer_and_stream", a retired question returns to the fresh stream this
+            many epochs after the epoch that retired it (and retires again if its next group is solved);
+            None keeps it out for good (the paper).
         min_retire_group: smallest latest group that can retire a question, >= 1. With the default of 2,
             trajectories added one at a time (the seed's loop) never retire anything.
     """
@@ -86,19 +102,36 @@ class DifficultyBucketer:
         metric: str = "correctness_rate",
         window_size: int = 100,
         correct_threshold: float = 0.5,
-        retire_solved: bool = True,
+        retire_from: str | None = "buffer_and_stream",
+        readmit_after_epochs: int | None = None,
         min_retire_group: int = 2,
     ) -> None:
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+        if retire_from is not None and retire_from not in RETIRE_FROM:
+            raise ValueError(
+                f"DifficultyBucketer retire_from must be one of {[*RETIRE_FROM, None]}, got {retire_from!r}"
+            )
         check_number("DifficultyBucketer", "window_size", window_size, 1, integer=True)
         check_number("DifficultyBucketer", "correct_threshold", correct_threshold)
         check_number("DifficultyBucketer", "min_retire_group", min_retire_group, 1, integer=True)
+        check_number(
+            "DifficultyBucketer", "readmit_after_epochs", readmit_after_epochs, 1, integer=True, optional=True
+        )
+        if readmit_after_epochs is not None and retire_from != "buffer_and_stream":
+            raise ValueError(
+                f"DifficultyBucketer readmit_after_epochs={readmit_after_epochs} needs "
+                f"retire_from='buffer_and_stream' (got {retire_from!r}): only then do questions leave the "
+                "stream"
+            )
         self.metric = metric
         self.window_size = int(window_size)
         self.correct_threshold = float(correct_threshold)
-        self.retire_solved = bool(retire_solved)
+        self.retire_from = retire_from
+        self.readmit_after_epochs = readmit_after_epochs
         self.min_retire_group = int(min_retire_group)
+        # The training epoch that `update` stamps on retirements; the trainer's owner keeps it current.
+        self.epoch = 0
         self._layout_version = 0
         self._reset()
 
@@ -149,7 +182,8 @@ class DifficultyBucketer:
             domains: optional `N` domain names; each question remembers the last one it was seen with.
 
         Returns:
-            long tensor of the question ids retired by this call.
+            long tensor of the question ids retired by this call (a retired question whose group here has a
+            failure is retired no more).
         """
         qids = torch.as_tensor(question_ids).reshape(-1).tolist()
         r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
@@ -186,11 +220,16 @@ class DifficultyBucketer:
             cols["latest_correct"][i] = sum(outcomes)
             cols["latest_total"][i] = len(outcomes)
             self._rate_changed.append(i)
+            if cols["retired"][i] and not all(outcomes):  # no longer solved
+                cols["retired"][i] = False
+                self._retired.discard(q)
             solved = len(outcomes) >= self.min_retire_group and all(outcomes)
-            if self.retire_solved and solved and not cols["retired"][i]:
-                cols["retired"][i] = True
-                self._retired.add(q)
-                retired_now.append(q)
+            if self.retire_from is not None and solved:
+                cols["retired_epoch"][i] = self.epoch  # solved again: the stream's wait starts over
+                if not cols["retired"][i]:
+                    cols["retired"][i] = True
+                    self._retired.add(q)
+                    retired_now.append(q)
         if len(self._rate_changed) > len(self._index):  # cheaper to re-sort than to catch up
             self._by_rate, self._rate_changed = None, []
         return torch.tensor(retired_now, dtype=torch.long)
@@ -272,6 +311,17 @@ class DifficultyBucketer:
         """Ids of retired questions (a snapshot; retire questions through `update`)."""
         return frozenset(self._retired)
 
+    def out_of_stream(self, epoch: int) -> frozenset[int]:
+        """Ids of the retired questions that the fresh question stream leaves out in `epoch`: none unless
+        `retire_from` is "buffer_and_stream"; with `readmit_after_epochs`, those retired fewer than that many
+        epochs before `epoch`."""
+        if self.retire_from != "buffer_and_stream":
+            return frozenset()
+        retired = self._col("retired")
+        if self.readmit_after_epochs is not None:
+            retired = retired & (epoch - self._col("retired_epoch") < self.readmit_after_epochs)
+        return frozenset(self._col("qid")[retired].tolist())
+
     def rates_by_domain(self) -> dict[str, Tensor]:
         """float32 rates of known, non-retired questions per domain ("default" for questions without one)."""
         names = self._domain_names + ["default"]
@@ -322,6 +372,8 @@ class DifficultyBucketer:
             "latest_correct": torch.from_numpy(self._col("latest_correct").copy()),
             "latest_total": torch.from_numpy(self._col("latest_total").copy()),
             "retired": torch.from_numpy(self._col("retired").copy()),
+            "retired_epoch": torch.from_numpy(self._col("retired_epoch").copy()),
+            "epoch": self.epoch,
             "domain_codes": torch.from_numpy(self._col("domain").copy()),
             "domain_names": list(self._domain_names),
             "warned_non_binary": self._warned_non_binary,
@@ -342,6 +394,9 @@ class DifficultyBucketer:
         self._col("latest_correct")[:] = state["latest_correct"].numpy()
         self._col("latest_total")[:] = state["latest_total"].numpy()
         self._col("retired")[:] = state["retired"].numpy()
+        if "retired_epoch" in state:  # absent from checkpoints written before re-admission existed
+            self._col("retired_epoch")[:] = state["retired_epoch"].numpy()
+            self.epoch = int(state["epoch"])
         self._col("domain")[:] = state["domain_codes"].numpy()
         self._domain_names = list(state["domain_names"])
         self._domain_codes = {name: i for i, name in enumerate(self._domain_names)}

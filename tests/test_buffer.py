@@ -52,7 +52,7 @@ def group(qid, correct, total, **kwargs):
 
 
 def no_retire(**kwargs):
-    return TrajectoryBuffer(bucketer=DifficultyBucketer(retire_solved=False), **kwargs)
+    return TrajectoryBuffer(bucketer=DifficultyBucketer(retire_from=None), **kwargs)
 
 
 def roundtrip(state):
@@ -233,6 +233,24 @@ def test_retired_questions_are_removed_and_never_sampled():
     for name in STRATEGIES:
         batch = buffer.sample(name, size=8, difficulty_range=(0.0, 1.0), entropy_percentile=75)
         assert set(batch.question_ids.tolist()) <= {2}
+
+
+def test_a_retired_question_that_fails_again_is_stored_again():
+    buffer = TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=8, retire_from="buffer"))
+    buffer.add(group(1, 4, 4))
+    assert buffer.bucketer.retired == {1} and len(buffer) == 0
+    assert buffer.add(group(1, 3, 4)) == 4  # keep="all": the whole group
+    assert buffer.bucketer.retired == set() and len(buffer.sample("uniform", size=1)) == 1
+
+
+def test_num_questions_in_counts_replayable_questions_by_rate():
+    buffer = TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4))
+    # rates 0, .25, .5, .75; question 4 solved by its group: retired, not replayable
+    buffer.add(RolloutBatch.cat([group(q, q, 4) for q in range(5)]))
+    assert buffer.num_questions_in((0.0, 1.0)) == 4
+    assert buffer.num_questions_in((0.3, 0.7)) == 1
+    assert buffer.num_questions_in((0.25, 0.75)) == 3
+    assert TrajectoryBuffer().num_questions_in((0.0, 1.0)) == 0
 
 
 def test_medium_range_filter():
@@ -555,10 +573,10 @@ def test_eviction_queue_drops_what_removals_left_behind():
 
 def test_index_follows_a_bucketer_loaded_elsewhere():
     """A shared bucketer that loads a state reassigns dense indices; the buffer re-derives its index."""
-    bucketer = DifficultyBucketer(retire_solved=False)
+    bucketer = DifficultyBucketer(retire_from=None)
     buffer = TrajectoryBuffer(bucketer=bucketer)
     buffer.add(make_batch([5, 5, 7], [1.0, 0.0, 1.0]))
-    other = DifficultyBucketer(retire_solved=False)
+    other = DifficultyBucketer(retire_from=None)
     other.update(torch.tensor([9, 7, 5]), torch.tensor([1.0, 1.0, 0.0]))  # 7 and 5 get other indices
     bucketer.load_state_dict(other.state_dict())
     batch = buffer.sample("uniform", size=5)
@@ -569,7 +587,7 @@ def test_index_follows_a_bucketer_loaded_elsewhere():
 
 
 def test_rows_of_questions_the_bucketer_forgot_can_still_be_removed():
-    bucketer = DifficultyBucketer(retire_solved=False)
+    bucketer = DifficultyBucketer(retire_from=None)
     buffer = TrajectoryBuffer(bucketer=bucketer)
     buffer.add(make_batch([5, 6], [1.0, 0.0]))
     bucketer.load_state_dict(DifficultyBucketer().state_dict())  # knows no question now

@@ -25,7 +25,7 @@ def update(bucketer, qids, rewards, domains=None):
 
 
 def test_window_keeps_the_last_outcomes():
-    b = DifficultyBucketer(window_size=3, retire_solved=False)
+    b = DifficultyBucketer(window_size=3, retire_from=None)
     update(b, [1, 1, 2], [1.0, 0.0, 1.0])
     assert b.rates(torch.tensor([1, 2])).tolist() == [0.5, 1.0]
     update(b, [1, 1], [1.0, 1.0])  # window of q1 is now [0, 1, 1]
@@ -37,7 +37,7 @@ def test_window_keeps_the_last_outcomes():
 
 
 def test_latest_group_and_unknown_questions():
-    b = DifficultyBucketer(retire_solved=False)
+    b = DifficultyBucketer(retire_from=None)
     update(b, [7, 7, 7, 8], [1.0, 0.0, 1.0, 0.0])
     update(b, [7, 7], [0.0, 1.0])
     correct, total = b.latest_counts(torch.tensor([7, 8, 9]))
@@ -48,7 +48,7 @@ def test_latest_group_and_unknown_questions():
 
 
 def test_correct_threshold_is_strict():
-    b = DifficultyBucketer(correct_threshold=0.5, retire_solved=False)
+    b = DifficultyBucketer(correct_threshold=0.5, retire_from=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         update(b, [1, 1], [0.5, 0.6])
@@ -63,8 +63,46 @@ def test_retirement():
     assert update(b, [1, 1], [1.0, 1.0]).tolist() == []  # already retired: not reported twice
     assert update(b, [2, 2], [1.0, 1.0]).tolist() == [2]
     assert b.retired == {1, 2}
-    keep = DifficultyBucketer(retire_solved=False)
+    keep = DifficultyBucketer(retire_from=None)
     assert update(keep, [1, 1], [1.0, 1.0]).tolist() == [] and keep.retired == set()
+
+
+def test_a_retired_question_with_a_failure_is_retired_no_more():
+    b = DifficultyBucketer(retire_from="buffer")
+    update(b, [1, 1], [1.0, 1.0])
+    assert b.retired == {1}
+    assert update(b, [1, 1], [1.0, 0.0]).tolist() == [] and b.retired == set()
+    assert update(b, [1, 1], [1.0, 1.0]).tolist() == [1]  # solved again: retired again, reported again
+
+
+def test_out_of_stream_follows_retire_from():
+    for retire_from, expected in (("buffer_and_stream", {1}), ("buffer", set()), (None, set())):
+        b = DifficultyBucketer(retire_from=retire_from)
+        update(b, [1, 1, 2, 2], [1.0, 1.0, 1.0, 0.0])
+        assert b.out_of_stream(epoch=5) == expected, retire_from
+        assert b.retired == (set() if retire_from is None else {1})  # the buffer drops it either way
+
+
+def test_readmit_after_epochs_counts_from_the_latest_solved_group():
+    b = DifficultyBucketer(readmit_after_epochs=2)
+    b.epoch = 3
+    update(b, [1, 1], [1.0, 1.0])
+    assert [b.out_of_stream(e) for e in (3, 4, 5, 6)] == [{1}, {1}, set(), set()]
+    b.epoch = 5  # back in the stream at epoch 5 and solved again: out until epoch 7
+    update(b, [1, 1], [1.0, 1.0])
+    assert [b.out_of_stream(e) for e in (6, 7)] == [{1}, set()]
+    restored = DifficultyBucketer(readmit_after_epochs=2)
+    restored.load_state_dict(b.state_dict())
+    assert restored.epoch == 5 and restored.out_of_stream(6) == {1} and restored.out_of_stream(7) == set()
+
+
+def test_retirement_options_are_checked():
+    with pytest.raises(ValueError, match="retire_from"):
+        DifficultyBucketer(retire_from="stream")
+    with pytest.raises(ValueError, match="readmit_after_epochs"):
+        DifficultyBucketer(readmit_after_epochs=0)
+    with pytest.raises(ValueError, match="readmit_after_epochs=2 needs retire_from='buffer_and_stream'"):
+        DifficultyBucketer(retire_from="buffer", readmit_after_epochs=2)
 
 
 def test_non_binary_rewards_warn_once():
@@ -98,14 +136,14 @@ def test_rates_by_domain_excludes_retired():
 
 
 def test_histogram_counts_known_questions_per_tier():
-    b = DifficultyBucketer(retire_solved=False)
+    b = DifficultyBucketer(retire_from=None)
     update(b, [1, 1, 1, 1, 2, 2, 2, 2, 3, 3], [0, 0, 0, 0, 1, 1, 0, 0, 1, 1])
     assert b.histogram(4).tolist() == [1, 0, 1, 1]
     assert b.histogram(1).tolist() == [3]
 
 
 def test_medium_range_adaptive():
-    b = DifficultyBucketer(window_size=10, retire_solved=False)
+    b = DifficultyBucketer(window_size=10, retire_from=None)
     assert b.medium_range((0.3, 0.7), adaptive=True) == (0.3, 0.7)  # nothing known yet
     # rates 0.2, 0.4, 0.6 in play; 0.0 and 1.0 carry no signal and stay out of the median
     update(
@@ -250,7 +288,7 @@ def test_choose_in_groups_gives_distinct_offsets(groups, seed):
 
 
 def test_dense_by_rate_by_hand():
-    b = DifficultyBucketer(retire_solved=False)
+    b = DifficultyBucketer(retire_from=None)
     update(b, [10, 10, 11, 12, 12], [1.0, 0.0, 1.0, 0.0, 0.0])  # rates .5, 1, 0
     assert b.dense_by_rate().tolist() == [2, 0, 1]
     update(b, [13, 12, 12], [1.0, 1.0, 1.0])  # q12: 2/4 = .5 ties q10 (dense 0 < 2); q13 rate 1 after q11
@@ -265,7 +303,7 @@ def test_dense_by_rate_by_hand():
 )
 def test_dense_by_rate_matches_a_sort(updates, reload_after):
     """Kept up to date incrementally, the order equals a stable sort of the rates, also across a load."""
-    b = DifficultyBucketer(window_size=3, retire_solved=False)
+    b = DifficultyBucketer(window_size=3, retire_from=None)
     for step, rows in enumerate(updates):
         update(b, [q for q, _ in rows], [float(c) for _, c in rows])
         if step % 3 == 0 or step == len(updates) - 1:
@@ -273,7 +311,7 @@ def test_dense_by_rate_matches_a_sort(updates, reload_after):
             assert b.dense_by_rate().tolist() == np.argsort(rates, kind="stable").tolist()
         if step == reload_after:
             b.dense_by_rate()
-            fresh = DifficultyBucketer(window_size=3, retire_solved=False)
+            fresh = DifficultyBucketer(window_size=3, retire_from=None)
             fresh.load_state_dict(b.state_dict())
             b = fresh
     assert b.dense_by_rate().tolist() == np.argsort(b.dense_rates(), kind="stable").tolist()

@@ -356,12 +356,15 @@ class PromptDataModule(L.LightningDataModule):
         return frozenset(self._excluded)
 
     def exclude_questions(self, ids: Iterable[int]) -> None:
-        """Retires questions: training epochs that start afterwards skip them.
+        """Sets the retired questions: training epochs that start afterwards skip them, and questions
+        excluded before but not in `ids` return (re-admitted).
 
         Args:
-            ids: question ids (ints or 0-d tensors).
+            ids: question ids (ints or 0-d tensors), every question to leave out from now on.
         """
-        self._excluded.update(int(qid) for qid in ids)
+        ids = {int(qid) for qid in ids}
+        self._excluded.clear()  # in place: the training sampler holds a reference to this set
+        self._excluded.update(ids)
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches that skip retired questions, sharded across the trainer's ranks, with

@@ -10,9 +10,12 @@ from exgrpo_pl.callbacks import replay as replay_callback
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from test_buffer import group
 
+from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.difficulty import DifficultyBucketer
 from exgrpo_pl.replay import SelectiveReplay
 
 
@@ -173,6 +176,92 @@ def test_retired_questions_leave_on_policy_sampling(tmp_path, tiny_model_dir):
     assert all(buffer.bucketer.rates(torch.tensor(sorted(excluded))) == 1.0)
     last_epoch = torch.cat([step.question_ids for step in rollouts[-4:]]).tolist()
     assert not excluded & set(last_epoch)
+
+
+def _solved_unless_starting_with_one(prompts, completions, **columns):
+    return [float(not p.startswith("1")) for p in prompts]
+
+
+def _retiring_fit(tmp_path, tiny_model_dir, bucketer, max_epochs=2):
+    buffer = TrajectoryBuffer(max_size=1000, bucketer=bucketer)
+    callback = ReplayCallback(buffer=buffer, replay=uniform_replay(replay_probability=0.0), min_buffer_size=1)
+    trainer, rollouts = fit(
+        tmp_path,
+        tiny_model_dir,
+        [callback],
+        max_steps=-1,
+        max_epochs=max_epochs,
+        reward=_solved_unless_starting_with_one,
+    )
+    return trainer, buffer, rollouts
+
+
+def test_most_questions_out_of_the_stream_warns_once_with_the_options(tmp_path, tiny_model_dir):
+    with pytest.warns(UserWarning, match=r"(\d+) of the (\d+) training questions are retired") as caught:
+        trainer, buffer, _ = _retiring_fit(tmp_path, tiny_model_dir, DifficultyBucketer())
+    messages = [str(w.message) for w in caught if "training questions are retired" in str(w.message)]
+    assert (
+        len(messages) == 1 and "retire_from='buffer'" in messages[0] and "readmit_after_epochs" in messages[0]
+    )
+    pool = len(trainer.datamodule.train_rows)
+    assert 2 * len(trainer.datamodule.excluded_question_ids) > pool
+
+
+def test_retire_from_buffer_keeps_solved_questions_in_the_stream(tmp_path, tiny_model_dir):
+    bucketer = DifficultyBucketer(retire_from="buffer")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*training questions are retired")
+        trainer, buffer, rollouts = _retiring_fit(tmp_path, tiny_model_dir, bucketer)
+    assert buffer.bucketer.retired and not trainer.datamodule.excluded_question_ids
+    second_epoch = {q for step in rollouts[len(rollouts) // 2 :] for q in step.question_ids.tolist()}
+    assert second_epoch & buffer.bucketer.retired  # drawn again, and solved again: still retired
+
+
+def test_readmitted_questions_return_to_the_stream(tmp_path, tiny_model_dir):
+    bucketer = DifficultyBucketer(readmit_after_epochs=2)
+    trainer, buffer, rollouts = _retiring_fit(tmp_path, tiny_model_dir, bucketer, max_epochs=3)
+    steps = len(rollouts) // 3
+    epochs = [
+        {q for step in rollouts[i * steps : (i + 1) * steps] for q in step.question_ids.tolist()}
+        for i in range(3)
+    ]
+    solved_first = {q for q in epochs[0] if bucketer.rates(torch.tensor([q])).item() == 1.0}
+    assert solved_first and not solved_first & epochs[1]  # out for epoch 1
+    assert solved_first & epochs[2]  # back in epoch 2
+
+
+def test_bounded_demand_replays_at_most_the_medium_supply(tmp_path, tiny_model_dir):
+    buffer = TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4, retire_from=None))
+    callback = ReplayCallback(buffer=buffer, mode="mix", mix_fraction=0.75, bounded_demand=True)
+    # rates 0, .25, .5, .75, 1: only the question at .5 lies in the medium range (0.3, 0.7)
+    buffer.add(RolloutBatch.cat([group(q, q, 4) for q in range(5)]))
+    assert callback._demand(questions=8, k=4) == 1
+    assert ReplayCallback(buffer=buffer, mode="mix", mix_fraction=0.75)._demand(questions=8, k=4) == 6
+    assert ReplayCallback(buffer=TrajectoryBuffer(), mode="mix", bounded_demand=True)._demand(8, 4) == 0
+    with pytest.raises(ValueError, match="bounded_demand=True needs mode='mix'"):
+        ReplayCallback(mode="swap", bounded_demand=True)
+
+
+class RecordSupply(Callback):
+    """The replay callback's medium-range supply before each step (placed before it, runs first)."""
+
+    def __init__(self, replay_callback):
+        self.replay_callback, self.supply = replay_callback, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        replay = self.replay_callback
+        self.supply.append(replay.buffer.num_questions_in(replay.replay.medium_range(replay.buffer)))
+
+
+def test_bounded_demand_in_a_run_replays_the_supply_or_falls_back(tmp_path, tiny_model_dir):
+    narrow = SelectiveReplay(strategy="uniform", replay_probability=1.0, medium_difficulty_range=(0.2, 0.8))
+    callback = ReplayCallback(replay=narrow, mode="mix", min_buffer_size=1, bounded_demand=True)
+    supply = RecordSupply(callback)
+    _, rollouts = fit(tmp_path, tiny_model_dir, [supply, callback], max_steps=8)
+    replayed = [int(step.replayed.sum()) for step in rollouts]
+    assert replayed == [min(2, s) for s in supply.supply]  # the rho share of 4 questions, or the supply
+    assert callback.fallback_steps == sum(s == 0 for s in supply.supply)
+    assert 0 < callback.fallback_steps and callback.replayed_steps > 0  # both cases happened
 
 
 @pytest.mark.parametrize(

@@ -116,6 +116,17 @@ def test_excluded_questions_skipped_from_next_epoch():
     assert dm.excluded_question_ids == frozenset(retired)
 
 
+def test_questions_no_longer_excluded_return_from_the_next_pass():
+    dm = make_dm(drop_last=False)
+    loader = dm.train_dataloader()
+    retired = [row["id"] for row in dm.train_rows[:10]]
+    dm.exclude_questions(retired)
+    assert not set(epoch_ids(loader)) & set(retired)
+    dm.exclude_questions(retired[5:])  # the set now: the first five are re-admitted
+    following = set(epoch_ids(loader))
+    assert set(retired[:5]) <= following and not following & set(retired[5:])
+
+
 def test_fewer_left_than_a_batch_is_a_clear_error():
     dm = make_dm()
     loader = dm.train_dataloader()
