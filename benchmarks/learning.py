@@ -1,7 +1,9 @@
-"""GRPO vs ExGRPO (paper and seed presets, and the paper's ablations) on both embedded tasks, 5+ seeds each.
+"""GRPO vs ExGRPO (paper and seed presets, and the paper's ablations) on three embedded tasks, 5+ seeds each.
 
-One more variant, not in the paper: the paper preset without its ReplayCallback ("paper preset, no replay"),
-which separates what replay does from what the preset's other settings (advantages, entropy bonus) do.
+More variants, not in the paper: the paper preset without its ReplayCallback ("paper preset, no replay"),
+which separates what replay does from what the preset's other settings (advantages, entropy bonus) do; and
+the presets with solved questions retired from the buffer only (they stay in the fresh stream) and with the
+replay demand bounded by the medium tiers' supply.
 
 Every run is `exgrpo fit` of a shipped preset for a fixed number of optimizer steps (the paper's axis); its
 validation curve is kept against steps and against generated tokens, so variants compare at equal steps
@@ -18,7 +20,8 @@ benchmarks/results/.
 Tasks: "arithmetic" is the presets as shipped (`configs/*.yaml`: one-step sums, nearly every correct
 completion of a question the same string); "reasoning" lays configs/quickstart_reasoning.yaml's model, data
 and schedule over each preset (step-by-step derivations whose correct completions differ, so trajectory
-selection has a choice).
+selection has a choice); "small_pool" is "reasoning" on 1,000 training and 500 held-out questions, about 10
+epochs in its 300 steps (the seed's regime; the seed preset's replay starts at epoch 5).
 Seed s is `--seed_everything=s`: the data order, replay draws, rollout and validation samples all derive from
 it, so seeds are independent runs. Each run records the commit its code came from. Not a timed test: a
 measurement to read.
@@ -52,15 +55,24 @@ ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def _paper_ablation(replay: dict | None = None, callback: dict | None = None, module: dict | None = None):
-    """A variant of the paper preset: attributes of its SelectiveReplay, ReplayCallback or module changed."""
+def _changed(
+    replay: dict | None = None,
+    callback: dict | None = None,
+    module: dict | None = None,
+    bucketer: dict | None = None,
+):
+    """A variant of a preset: attributes of its SelectiveReplay, ReplayCallback, DifficultyBucketer or module
+    changed."""
 
     def apply(cli) -> None:
         replay_callback = _replay_callback(cli)
-        for key, value in (replay or {}).items():
-            setattr(replay_callback.replay, key, value)
-        for key, value in (callback or {}).items():
-            setattr(replay_callback, key, value)
+        for target, changes in (
+            (replay_callback.replay, replay),
+            (replay_callback, callback),
+            (replay_callback.buffer.bucketer, bucketer),
+        ):
+            for key, value in (changes or {}).items():
+                setattr(target, key, value)
         for key, value in (module or {}).items():
             cli.model.hparams[key] = value
 
@@ -74,33 +86,44 @@ def _without_replay(cli) -> None:
     cli.trainer.callbacks.remove(_replay_callback(cli))
 
 
+_BUFFER_ONLY = {"retire_from": "buffer"}
+
 # name -> (preset, change applied to the built CLI objects, the variant's average accuracy in the paper's
 # ablation study, arXiv 2510.02245; None: not one of its variants)
 VARIANTS = {
     "GRPO": ("grpo_baseline", None, 45.3),
     "ExGRPO paper": ("exgrpo_paper", None, 48.3),
     "ExGRPO seed": ("exgrpo_seed", None, None),
-    "no question selection": ("exgrpo_paper", _paper_ablation(replay={"question_sampling": "uniform"}), 46.7),
-    "no trajectory selection": (
-        "exgrpo_paper",
-        _paper_ablation(replay={"trajectory_selection": "random"}),
-        46.3,
-    ),  # fmt: skip
-    "highest entropy": (
-        "exgrpo_paper",
-        _paper_ablation(replay={"trajectory_selection": "highest_entropy"}),
-        46.0,
-    ),  # fmt: skip
-    "no policy shaping": ("exgrpo_paper", _paper_ablation(module={"off_policy_correction": "none"}), 41.2),
-    "rho 0.25": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.25}), 46.4),
-    "rho 0.75": ("exgrpo_paper", _paper_ablation(callback={"mix_fraction": 0.75}), 44.8),
+    "no question selection": ("exgrpo_paper", _changed(replay={"question_sampling": "uniform"}), 46.7),
+    "no trajectory selection": ("exgrpo_paper", _changed(replay={"trajectory_selection": "random"}), 46.3),
+    "highest entropy": ("exgrpo_paper", _changed(replay={"trajectory_selection": "highest_entropy"}), 46.0),
+    "no policy shaping": ("exgrpo_paper", _changed(module={"off_policy_correction": "none"}), 41.2),
+    "rho 0.25": ("exgrpo_paper", _changed(callback={"mix_fraction": 0.25}), 46.4),
+    "rho 0.75": ("exgrpo_paper", _changed(callback={"mix_fraction": 0.75}), 44.8),
     "paper preset, no replay": ("exgrpo_paper", _without_replay, None),
+    # Not the paper's: what a solved question leaves, and replay demand bounded by the medium supply.
+    "paper, retire from buffer": ("exgrpo_paper", _changed(bucketer=_BUFFER_ONLY), None),
+    "paper, bounded demand": ("exgrpo_paper", _changed(callback={"bounded_demand": True}), None),
+    "paper, retire from buffer, bounded demand": (
+        "exgrpo_paper",
+        _changed(bucketer=_BUFFER_ONLY, callback={"bounded_demand": True}),
+        None,
+    ),  # fmt: skip
+    "seed, retire from buffer": ("exgrpo_seed", _changed(bucketer=_BUFFER_ONLY), None),
 }
+# The full method each preset's variants are compared with.
+FULL_METHOD = {"exgrpo_paper": "ExGRPO paper", "exgrpo_seed": "ExGRPO seed"}
 PAPER_GRPO, PAPER_FULL = VARIANTS["GRPO"][2], VARIANTS["ExGRPO paper"][2]
 PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed")
-TASKS = ("arithmetic", "reasoning")
+TASKS = ("arithmetic", "reasoning", "small_pool")
 # Steps of a --quick run per task (full runs take the task's own max_steps).
-QUICK_STEPS = {"arithmetic": 100, "reasoning": 80}
+QUICK_STEPS = {"arithmetic": 100, "reasoning": 80, "small_pool": 80}
+# The small-pool task: the reasoning task cut to 1,000 training and 500 held-out questions, which its 300
+# steps of 32 questions cover about 10 times (the seed's regime: many epochs of one set).
+SMALL_POOL = {"num_questions": 1500, "val_fraction": 1 / 3}
+# The epoch the seed preset's replay starts in, per task: the seed says "after 5-10 epochs"; a reasoning run
+# sees half an epoch, so there it starts on min_buffer_size alone. None: as the preset ships.
+SEED_START_EPOCH = {"arithmetic": None, "reasoning": None, "small_pool": 5}
 
 
 def _replay_callback(cli) -> ReplayCallback:
@@ -109,29 +132,36 @@ def _replay_callback(cli) -> ReplayCallback:
 
 def task_overlay(task: str) -> dict:
     """What a task changes in a preset: nothing for "arithmetic" (the presets' own task); for "reasoning"
-    the model, reward, lengths, data and schedule of configs/quickstart_reasoning.yaml."""
+    the model, reward, lengths, data and schedule of configs/quickstart_reasoning.yaml; "small_pool" is
+    "reasoning" with `SMALL_POOL`'s question set."""
     if task == "arithmetic":
         return {}
     config = yaml.safe_load((ROOT / "configs" / "quickstart_reasoning.yaml").read_text())
     model_keys = ("model_name_or_path", "reward_funcs", "max_completion_length", "val_num_generations")
-    return {
+    overlay = {
         "model": {key: config["model"][key] for key in model_keys},
         "data": config["data"],
         "trainer": {key: config["trainer"][key] for key in ("max_steps", "val_check_interval")},
     }
+    if task == "small_pool":
+        overlay["data"]["synthetic"]["init_args"]["num_questions"] = SMALL_POOL["num_questions"]
+        overlay["data"]["val_fraction"] = SMALL_POOL["val_fraction"]
+    return overlay
 
 
 class Record(Callback):
     """The validation curve [(step, generated tokens, val pass@1)] after the start, and what replay did:
     every replayed question (id and family) per step, every `every` steps the number of questions in play
-    per correctness bucket (the latest group's correct count out of K; retired questions left out), and the
-    mean length in tokens of the replayed completions and of the fresh correct ones."""
+    per correctness bucket (the latest group's correct count out of K; retired questions left out) and the
+    numbers of retired questions and of questions out of the fresh stream, and the mean length in tokens of
+    the replayed completions and of the fresh correct ones."""
 
     def __init__(self, every: int = 20) -> None:
         self.every = every
         self.curve: list[tuple[int, float, float]] = []
         self.replayed: list[tuple[int, list[int], list[str]]] = []
         self.buckets: list[tuple[int, list[int]]] = []
+        self.retired: list[tuple[int, int, int]] = []  # (step, retired, out of the fresh stream)
         self.tokens = {"replayed": [0, 0], "fresh_correct": [0, 0]}  # [tokens, completions]
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -161,6 +191,8 @@ class Record(Callback):
             bucket = (k * correct / total.clamp(min=1)).round().long()
             counts = torch.bincount(bucket[in_play], minlength=k + 1)
             self.buckets.append((trainer.global_step, counts.tolist()))
+            out = len(trainer.datamodule.excluded_question_ids)
+            self.retired.append((trainer.global_step, len(bucketer.retired), out))
 
     def summary(self) -> dict:
         counts = Counter(q for _, ids, _ in self.replayed for q in ids)
@@ -175,6 +207,7 @@ class Record(Callback):
             "completion_tokens": {kind: total / n if n else None for kind, (total, n) in self.tokens.items()},
             "replayed": self.replayed,
             "buckets": self.buckets,
+            "retired": self.retired,
         }
 
 
@@ -198,10 +231,8 @@ def run(task: str, name: str, seed: int, steps: int | None, workdir: Path, threa
     if change is not None:
         change(cli)
     replay = next((c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback)), None)
-    if replay is not None and task == "reasoning":
-        # A reasoning run sees about half an epoch: the seed's epoch trigger would never fire, so its replay
-        # starts on min_buffer_size alone (as configs/quickstart_reasoning.yaml does).
-        replay.replay_start_epoch = None
+    if replay is not None and preset == "exgrpo_seed" and task != "arithmetic":
+        replay.replay_start_epoch = SEED_START_EPOCH[task]
     record = Record()
     cli.trainer.callbacks.append(record)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -259,24 +290,29 @@ def at_tokens(curve: list, budget: float) -> float:
 
 
 def summarise(results: dict) -> dict:
-    """Per task and variant: start, final (equal steps), best, the value at equal generated tokens, the
-    final's difference from GRPO's and, for an ablation, from the full method's (the paper preset), each
-    over the seeds both ran (paired, in points), and what replay did."""
+    """Per task and variant: start, final (equal steps), best, how far the final fell below the run's own best
+    (points), the value at equal generated tokens, the final's difference from GRPO's and, for a variant of
+    a preset, from the preset's (`FULL_METHOD`), each over the seeds both ran (paired, in points), and what
+    replay did."""
     out = {}
     for task, variants in results.items():
         budget = min(run["curve"][-1][1] for runs in variants.values() for run in runs)
         out[task] = {"token_budget": budget, "variants": {}}
         for name in sorted(variants, key=list(VARIANTS).index):  # the tables' and plots' order
             runs = variants[name]
-            ablation = VARIANTS[name][1] is not None
+            preset, change, _ = VARIANTS[name]
+            full = FULL_METHOD.get(preset) if change is not None else None
             out[task]["variants"][name] = {
                 "seeds": len(runs),
                 "start": interval([r["curve"][0][2] for r in runs]),
                 "final": interval([r["curve"][-1][2] for r in runs]),
                 "best": interval([max(p[2] for p in r["curve"]) for r in runs]),
+                "below_best_points": interval(
+                    [100 * (max(p[2] for p in r["curve"]) - r["curve"][-1][2]) for r in runs]
+                ),
                 "equal_tokens": interval([at_tokens(r["curve"], budget) for r in runs]),
                 "vs_grpo_points": _paired(runs, variants.get("GRPO")) if name != "GRPO" else None,
-                "vs_full_points": _paired(runs, variants.get("ExGRPO paper")) if ablation else None,
+                "vs_full_points": _paired(runs, variants.get(full)) if full else None,
                 "replays": interval([r["diagnostics"]["replays"] for r in runs]),
                 "distinct_replayed": interval([r["diagnostics"]["distinct_questions"] for r in runs]),
                 "max_replays": interval([r["diagnostics"]["max_replays_per_question"] for r in runs]),
@@ -328,7 +364,8 @@ def markdown_table(rows: dict) -> str:
     full method's."""
     columns = (
         "variant", "seeds", "final val pass@1 (equal steps)", "vs GRPO, same seeds (points)",
-        "vs full method, same seeds (points)", "at equal tokens", "paper: average, vs GRPO, vs full",
+        "vs full method, same seeds (points)", "final below own best (points)", "at equal tokens",
+        "paper: average, vs GRPO, vs full",
         "replayed trajectories (distinct questions)", "most replays of one question",
     )  # fmt: skip
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -345,7 +382,8 @@ def markdown_table(rows: dict) -> str:
         replayed = f"{row['replays'][0]:,.0f} ({row['distinct_replayed'][0]:,.0f})" if replay else "—"
         most = f"{row['max_replays'][0]:.0f}" if replay else "—"
         cells = (
-            name, row["seeds"], _fmt(row["final"]), vs_grpo, vs_full, _fmt(row["equal_tokens"]),
+            name, row["seeds"], _fmt(row["final"]), vs_grpo, vs_full, _fmt(row["below_best_points"], ".1f"),
+            _fmt(row["equal_tokens"]),
             "—" if paper is None else paper, replayed, most,
         )  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
@@ -429,7 +467,12 @@ def _plot_diagnostics(runs_by_variant: dict, path: Path, task: str) -> None:
             counts = np.array([c for _, c in diagnostics["buckets"]]).T  # [K+1, points]
             row[0].stackplot(steps, counts, labels=[f"{k} correct" for k in range(len(counts))])
             row[0].legend(fontsize=6, ncol=3, loc="upper left")
-        row[0].set_title(f"{name}: questions in play per bucket", fontsize=9)
+        if diagnostics.get("retired"):  # runs made before this diagnostic have none
+            steps, retired, out = zip(*diagnostics["retired"])
+            row[0].plot(steps, retired, color="black", label="retired")
+            row[0].plot(steps, out, color="black", linestyle="--", label="out of the fresh stream")
+            row[0].legend(fontsize=6, ncol=3, loc="upper left")
+        row[0].set_title(f"{name}: questions in play per bucket, and retired", fontsize=9)
         row[0].set_xlabel("step")
         families = sorted({f for _, _, fam in diagnostics["replayed"] for f in fam})
         windows: dict[int, Counter] = {}

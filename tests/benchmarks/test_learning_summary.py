@@ -8,6 +8,7 @@ import pytest
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import learning  # noqa: E402
 from exgrpo_pl.callbacks import ReplayCallback
 from learning import ROOT, VARIANTS, markdown_table, summarise  # noqa: E402
 
@@ -57,14 +58,35 @@ def test_markdown_table_lists_variants_in_the_benchmarks_order_with_the_papers_n
     }
     table = markdown_table(summarise({"arithmetic": runs})["arithmetic"]["variants"]).splitlines()
     assert [row.split(" | ")[0] for row in table[2:]] == ["| GRPO", "| ExGRPO paper", "| rho 0.25"]
-    assert table[2] == "| GRPO | 1 | 0.500 ± 0.000 | — | — | 0.500 ± 0.000 | 45.3 | — | — |"
+    assert table[2] == "| GRPO | 1 | 0.500 ± 0.000 | — | — | 0.0 ± 0.0 | 0.500 ± 0.000 | 45.3 | — | — |"
     assert table[3] == (
-        "| ExGRPO paper | 1 | 0.520 ± 0.000 | +2.0 ± 0.0 | — | 0.520 ± 0.000 | 48.3, +3.0 | 40 (20) | 2 |"
+        "| ExGRPO paper | 1 | 0.520 ± 0.000 | +2.0 ± 0.0 | — | 0.0 ± 0.0 | 0.520 ± 0.000 | 48.3, +3.0"
+        " | 40 (20) | 2 |"
     )
     assert table[4] == (
-        "| rho 0.25 | 1 | 0.550 ± 0.000 | +5.0 ± 0.0 | +3.0 ± 0.0 | 0.550 ± 0.000 | 46.4, +1.1, -1.9"
-        " | 20 (10) | 2 |"
+        "| rho 0.25 | 1 | 0.550 ± 0.000 | +5.0 ± 0.0 | +3.0 ± 0.0 | 0.0 ± 0.0 | 0.550 ± 0.000 | 46.4, +1.1,"
+        " -1.9 | 20 (10) | 2 |"
     )
+
+
+def test_below_best_is_how_far_each_run_ended_under_its_own_best():
+    collapsing = make_run(0, 0.40, 10)
+    collapsing["curve"].insert(1, (5, 500.0, 0.60))  # peaked at 0.60, ended at 0.40
+    rows = summarise({"small_pool": {"ExGRPO paper": [collapsing, make_run(1, 0.70, 10)]}})
+    mean, _ = rows["small_pool"]["variants"]["ExGRPO paper"]["below_best_points"]
+    assert mean == pytest.approx((20.0 + 0.0) / 2)
+
+
+def test_a_variant_of_the_seed_preset_is_paired_with_the_seed_preset():
+    runs = {
+        "ExGRPO paper": [make_run(0, 0.40, 40)],
+        "ExGRPO seed": [make_run(0, 0.50, 40)],
+        "seed, retire from buffer": [make_run(0, 0.53, 40)],
+        "paper, retire from buffer": [make_run(0, 0.46, 40)],
+    }
+    rows = summarise({"small_pool": runs})["small_pool"]["variants"]
+    assert rows["seed, retire from buffer"]["vs_full_points"][0] == pytest.approx(3.0)
+    assert rows["paper, retire from buffer"]["vs_full_points"][0] == pytest.approx(6.0)
 
 
 def test_the_no_replay_variant_is_the_paper_presets_module_without_its_replay_callback():
@@ -85,3 +107,31 @@ def test_completion_lengths_are_summarised_only_when_every_run_recorded_them():
     runs[1]["diagnostics"]["completion_tokens"] = {"replayed": 5.0, "fresh_correct": 2.0}
     row = summarise({"arithmetic": {"ExGRPO paper": runs}})["arithmetic"]["variants"]["ExGRPO paper"]
     assert row["replayed_tokens"][0] == 4.0 and row["fresh_correct_tokens"] == (2.0, 0.0)
+
+
+def _built(variant: str):
+    """The CLI objects of `variant` (its preset with its change), built but not trained."""
+    preset, change, _ = VARIANTS[variant]
+    args = ["--config", str(ROOT / "configs" / f"{preset}.yaml"), "--trainer.logger=false"]
+    cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
+    if change is not None:
+        change(cli)
+    return cli
+
+
+def test_the_small_pool_task_is_the_reasoning_task_on_1000_training_questions():
+    overlay = learning.task_overlay("small_pool")
+    reasoning = learning.task_overlay("reasoning")
+    assert overlay["model"] == reasoning["model"] and overlay["trainer"] == reasoning["trainer"]
+    task = overlay["data"]["synthetic"]["init_args"]
+    assert task["num_questions"] == 1500 and overlay["data"]["val_fraction"] == pytest.approx(1 / 3)
+    assert overlay["data"]["batch_size"] * overlay["trainer"]["max_steps"] / 1000 == pytest.approx(9.6)
+
+
+def test_the_retirement_and_demand_variants_change_what_they_say():
+    callback = learning._replay_callback(_built("paper, retire from buffer, bounded demand"))
+    assert callback.buffer.bucketer.retire_from == "buffer" and callback.bounded_demand
+    seed = learning._replay_callback(_built("seed, retire from buffer"))
+    assert seed.buffer.bucketer.retire_from == "buffer" and seed.mode == "swap" and not seed.bounded_demand
+    paper = learning._replay_callback(_built("ExGRPO paper"))
+    assert paper.buffer.bucketer.retire_from == "buffer_and_stream" and not paper.bounded_demand
