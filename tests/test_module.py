@@ -165,6 +165,9 @@ def overflowing_reward(prompts, completions, **columns):
     return [1e38 * (i % 2) for i in range(len(prompts))]
 
 
+overflowing_reward.in_process = True  # called here: a worker process would import this test module (seconds)
+
+
 class PoisonSteps(Callback):
     """Scores the chosen batches with `overflowing_reward`, the others with the tiny module's reward."""
 

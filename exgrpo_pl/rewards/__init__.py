@@ -4,6 +4,7 @@ from exgrpo_pl.rewards.arithmetic import ArithmeticReward
 from exgrpo_pl.rewards.base import (
     AnswerReward,
     RewardFunction,
+    RewardNotSendableError,
     RewardTimeoutError,
     compute_rewards,
     reward_name,
@@ -21,6 +22,7 @@ __all__ = [
     "MathVerifyReward",
     "ReasoningReward",
     "RewardFunction",
+    "RewardNotSendableError",
     "RewardTimeoutError",
     "compute_rewards",
     "extract_boxed",

@@ -32,6 +32,9 @@ class ArithmeticReward(AnswerReward):
         ValueError: when called with an answer that is not an integer, naming its row.
     """
 
+    # Linear-time work on a bounded completion: nothing for a time limit to stop, so no worker process.
+    in_process = True
+
     def __init__(self, name: str = "arithmetic") -> None:
         self.name = name
 

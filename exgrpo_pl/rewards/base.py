@@ -4,12 +4,12 @@ The protocol is TRL's, so a TRL reward function drops in unchanged: it is called
 completions and every other dataset column as a keyword list of the same length, and returns one float per
 row, or `None` where it does not apply to that row. `compute_rewards` checks what each function returns
 (a NaN, an infinite score or a wrong type is an error naming the function and the row) and can put a time
-limit on each call. Core module: no Lightning.
+limit on each call, which holds whatever the function does: the call runs in a worker process that is
+killed when it runs over. Core module: no Lightning.
 """
 
 from __future__ import annotations
 
-import contextvars
 import math
 import numbers
 import threading
@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from exgrpo_pl.rewards.worker import NotSendable, WorkerProcess
+
 
 @runtime_checkable
 class RewardFunction(Protocol):
@@ -29,6 +31,12 @@ class RewardFunction(Protocol):
 
     Dataset columns other than the prompt (e.g. `answer`, `domain`) arrive as keyword lists of length N, so
     an implementation takes the columns it needs by name and swallows the rest with `**columns`.
+
+    Under a time limit `compute_rewards` runs it in a worker process, so it must be picklable by reference
+    (defined at the top level of an importable module) and what it changes in itself stays there. An
+    optional attribute `in_process = True` has it called in the caller's process instead, without the
+    limit: for functions that cannot run long (the shipped linear-time verifiers), or that must run here (a
+    model on the GPU, state the run reads).
     """
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]: ...
@@ -85,7 +93,7 @@ class RewardTimeoutError(TimeoutError):
         super().__init__(
             f"reward function {name!r} did not return within {timeout_seconds:g} s scoring {num_completions} "
             "completions; raise the limit (`timeout_seconds`, ExGRPOModule's `reward_timeout_seconds`; None "
-            "for no limit) or make the function faster. The abandoned call keeps running in a daemon thread"
+            "for no limit) or make the function faster. Its worker process was killed"
         )
         self.name = name
         self.num_completions = num_completions
@@ -96,41 +104,56 @@ class RewardTimeoutError(TimeoutError):
         return type(self), (self.name, self.num_completions, self.timeout_seconds)
 
 
+class RewardNotSendableError(TypeError):
+    """A reward function that has to run in a worker process (see `RewardFunction`) cannot get there."""
+
+
+# The worker process that runs reward functions under a limit: one per process, started on first use and
+# kept, since its start is paid again for every module its calls import (torch: seconds).
+_worker: WorkerProcess | None = None
+_worker_lock = threading.Lock()
+
+
 def _call(fn: Callable[..., Any], name: str, timeout_seconds: float | None, kwargs: dict[str, Any]) -> Any:
-    """`fn(**kwargs)`; with a limit, the same call in a daemon thread, waited for at most that long.
+    """`fn(**kwargs)`: directly without a limit or for an `in_process` function, else in the worker process.
 
-    A thread, not a signal, so the limit holds when the caller is not the main thread; a daemon, so a call
-    that never returns does not keep the process alive at exit. Python cannot stop a thread, so a call that
-    runs over is abandoned, not killed: it keeps running in its thread until it returns. Starting the thread
-    costs 0.15 to 0.45 ms (benchmarks/reward_timeout.py, a loaded 2-core machine), so without a limit the
-    function is called directly.
+    Raises:
+        RewardTimeoutError: the call ran past the limit (the worker was killed).
+        RewardNotSendableError: `fn` or its arguments cannot be pickled, or unpickled in the worker.
+        RuntimeError: the worker process died during the call.
+        Whatever `fn` raised, with the worker's traceback as its cause.
     """
-    if timeout_seconds is None:
+    global _worker
+    if timeout_seconds is None or getattr(fn, "in_process", False):
         return fn(**kwargs)
-    # Grad mode and the current CUDA device are per thread: the call gets the caller's, as it would inline.
-    grad_enabled = torch.is_grad_enabled()
-    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-    context = contextvars.copy_context()
-    outcome: dict[str, Any] = {}
-    done = threading.Event()
-
-    def run() -> None:
+    n = len(kwargs["completions"])
+    with _worker_lock:
+        if _worker is None or not _worker.usable:
+            _worker = WorkerProcess()
         try:
-            if device is not None:
-                torch.cuda.set_device(device)
-            with torch.set_grad_enabled(grad_enabled):
-                outcome["value"] = context.run(fn, **kwargs)
-        except BaseException as err:  # re-raised in the caller, whatever it is
-            outcome["error"] = err
-        finally:
-            done.set()
+            reply = _worker.call(fn, (), kwargs, timeout_seconds)
+        except NotSendable as err:
+            raise RewardNotSendableError(_not_sendable(name, str(err))) from err
+    if reply.status == "ok":
+        return reply.value
+    if reply.status == "raised":
+        raise reply.value
+    if reply.status == "unloadable":
+        raise RewardNotSendableError(_not_sendable(name, reply.value.strip().splitlines()[-1]))
+    if reply.status == "timed out":
+        raise RewardTimeoutError(name, n, timeout_seconds)
+    raise RuntimeError(
+        f"reward function {name!r}'s worker process died (exit code {reply.value}) scoring {n} completions"
+    )
 
-    threading.Thread(target=run, name=f"reward function {name}", daemon=True).start()
-    if not done.wait(timeout_seconds):
-        raise RewardTimeoutError(name, len(kwargs["completions"]), timeout_seconds)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+
+def _not_sendable(name: str, reason: str) -> str:
+    return (
+        f"reward function {name!r} cannot run in a worker process, which is how the time limit holds whatever"
+        f" it does ({reason}). Define it at the top level of an importable module (not in a function or a"
+        " script's `__main__`); or give it `in_process = True` if it must run in the trainer's process (it"
+        " then runs without the limit); or set ExGRPOModule's `reward_timeout_seconds` to None"
+    )
 
 
 def _describe(value: Any) -> str:
@@ -229,9 +252,9 @@ def compute_rewards(
         completions: `N` completion strings.
         columns: the other dataset columns, each a list of `N` values, passed to every function by name.
         timeout_seconds: the longest each function's call may take; None: no limit. A limited call runs in a
-            daemon thread (0.15 to 0.45 ms more per call). Python cannot kill a thread, so a call that runs
-            over keeps running in it, abandoned, while the error is raised. (`MathVerifyReward` also has its
-            own per-answer limit, which kills a worker process and scores that answer 0.)
+            worker process (`exgrpo_pl.rewards.worker`), killed when it runs over, so the limit holds even
+            for code that keeps the GIL; SIGTERM and Ctrl-C end the wait. Functions with `in_process = True`
+            are called directly, without the limit (see `RewardFunction`).
 
     Returns:
         `(total, per_function)`: `total` is a `[N]` float32 tensor; `per_function` maps each function's name
@@ -244,6 +267,7 @@ def compute_rewards(
         TypeError: when a function returns something other than `list[float | None]` of length N (naming
             the function, what it returned and, for a bad score, the row).
         RewardTimeoutError: when a function runs past `timeout_seconds`.
+        RewardNotSendableError: when a function that has to run in the worker process cannot be pickled.
     """
     if not funcs:
         raise ValueError("compute_rewards needs at least one reward function")

@@ -20,6 +20,9 @@ class ExactMatchReward(AnswerReward):
         name: the name its scores are logged under.
     """
 
+    # Linear-time work on a bounded completion: nothing for a time limit to stop, so no worker process.
+    in_process = True
+
     def __init__(self, normalize: bool = True, name: str = "exact_match") -> None:
         self.normalize = normalize
         self.name = name

@@ -94,6 +94,9 @@ class ReasoningReward:
             is not a sum, naming its row.
     """
 
+    # Linear-time work on a bounded completion: nothing for a time limit to stop, so no worker process.
+    in_process = True
+
     def __init__(self, check_steps: bool = False, name: str = "reasoning") -> None:
         self.check_steps = check_steps
         self.name = name

@@ -1,26 +1,35 @@
 """Tests for the reward-function protocol: weights, None handling, names, return-value checks, time limit."""
 
-import contextvars
 import math
+import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
 import time
+import types
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from worker_rewards import backtracking, missing_column, nan_scores, ones
 
 from exgrpo_pl.rewards import (
     ArithmeticReward,
+    ExactMatchReward,
     FormatReward,
+    ReasoningReward,
     RewardFunction,
+    RewardNotSendableError,
     RewardTimeoutError,
+    base,
     compute_rewards,
 )
 from exgrpo_pl.rewards.base import reward_name
+from exgrpo_pl.rewards.worker import Terminated
 
 
 def always_one(prompts, completions, **kwargs):
@@ -222,106 +231,139 @@ def test_class_reward_is_named_by_its_name_attribute():
 # --- the time limit ---
 
 
-@pytest.fixture
-def stuck():
-    """A reward function that blocks until the test ends (then returns), and the event it waits on."""
-    release = threading.Event()
-
-    def stuck(prompts, completions, **kwargs):
-        release.wait(30)
-        return [0.0] * len(completions)
-
-    yield stuck
-    release.set()
+def worker_pid():
+    return base._worker.process.pid
 
 
-def test_timeout_raises_naming_function_completions_and_limit(stuck):
+def is_gone(pid):
+    """True once `pid` has exited and been reaped (a zombie still exists for `os.kill`)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_limited_call_runs_in_the_worker_and_returns_its_scores():
+    total, _ = compute_rewards([ones], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+    assert total.tolist() == [1.0, 1.0, 1.0] and worker_pid() != os.getpid()
+
+
+def test_the_limit_holds_for_a_reward_that_keeps_the_gil_and_kills_it():
+    compute_rewards([ones], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)  # the worker is up
+    pid = worker_pid()
     started = time.perf_counter()
     with pytest.raises(
-        RewardTimeoutError, match=r"'stuck' did not return within 0\.2 s scoring 3 completions"
+        RewardTimeoutError, match=r"'backtracking' did not return within 0\.5 s scoring 3 completions"
     ) as info:
-        compute_rewards([always_one, stuck], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=0.2)
-    assert time.perf_counter() - started < 5.0
-    assert isinstance(info.value, TimeoutError)
+        compute_rewards([ones, backtracking], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=0.5)
+    assert time.perf_counter() - started < 3.0
+    assert is_gone(pid)  # killed, not abandoned
     assert "raise the limit" in str(info.value) and "reward_timeout_seconds" in str(info.value)
-    assert (info.value.name, info.value.num_completions, info.value.timeout_seconds) == ("stuck", 3, 0.2)
+    assert (info.value.name, info.value.num_completions) == ("backtracking", 3)
     copy = pickle.loads(pickle.dumps(info.value))
-    assert str(copy) == str(info.value) and copy.name == "stuck"
+    assert str(copy) == str(info.value) and copy.name == "backtracking"
+    total, _ = compute_rewards([ones], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+    assert total.tolist() == [1.0, 1.0, 1.0]  # a new worker
 
 
-def test_timeout_holds_outside_the_main_thread(stuck):
+def test_the_limit_holds_outside_the_main_thread():
     caught = []
 
     def step():
         try:
-            compute_rewards([stuck], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=0.2)
+            compute_rewards([backtracking], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=0.5)
         except RewardTimeoutError as err:
             caught.append(err)
 
-    worker = threading.Thread(target=step)
-    worker.start()
-    worker.join(10)
-    assert not worker.is_alive() and len(caught) == 1
+    thread = threading.Thread(target=step)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive() and len(caught) == 1
 
 
-def test_an_abandoned_call_does_not_keep_the_process_alive():
-    script = (
-        "import time\n"
-        "from exgrpo_pl.rewards import RewardTimeoutError, compute_rewards\n"
-        "def sleepy(prompts, completions, **kw):\n"
-        "    time.sleep(60)\n"
-        "try:\n"
-        "    compute_rewards([sleepy], None, ['p'], ['c'], {}, timeout_seconds=0.1)\n"
-        "except RewardTimeoutError:\n"
-        "    print('timed out')\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "timed out"
+@pytest.mark.parametrize(
+    "signum, error", [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)], ids=["TERM", "INT"]
+)
+def test_sigterm_and_ctrl_c_end_the_wait_and_kill_the_worker(signum, error):
+    compute_rewards([ones], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)  # the worker is up
+    pid, handler = worker_pid(), signal.getsignal(signal.SIGTERM)
+    sender = threading.Timer(0.5, os.kill, (os.getpid(), signum))
+    sender.start()
+    started = time.perf_counter()
+    with pytest.raises(error):
+        compute_rewards([backtracking], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=600)
+    sender.join()
+    assert time.perf_counter() - started < 5.0 and is_gone(pid)
+    assert signal.getsignal(signal.SIGTERM) is handler  # put back after the wait
 
 
-def test_a_limited_call_returns_its_scores_and_raises_its_errors():
-    total, _ = compute_rewards([ArithmeticReward()], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
-    assert total.tolist() == [1.0, 0.0, 1.0]
-
-    def broken(prompts, completions, **kwargs):
-        raise KeyError("no such column")
-
-    with pytest.raises(KeyError, match="no such column"):
-        compute_rewards([broken], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
-    with pytest.raises(ValueError, match="'scorer' returned nan"):
-        compute_rewards([returning([math.nan] * 3)], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
-
-
-def test_a_limited_call_sees_the_callers_grad_mode_and_context():
-    variable = contextvars.ContextVar("variable", default="unset")
-    seen = []
-
-    def spy(prompts, completions, **kwargs):
-        seen.append((torch.is_grad_enabled(), variable.get()))
-        return [0.0] * len(completions)
-
-    variable.set("caller's")
-    with torch.no_grad():
-        compute_rewards([spy], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
-    compute_rewards([spy], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
-    assert seen == [(False, "caller's"), (True, "caller's")]
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_a_limited_call_sees_the_callers_cuda_device():
-    seen = []
-
-    def spy(prompts, completions, **kwargs):
-        seen.append(torch.cuda.current_device())
-        return [0.0] * len(completions)
-
-    torch.cuda.set_device(1)
+def test_sigterm_runs_the_installed_handler_first():
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     try:
-        compute_rewards([spy], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        with pytest.raises(Terminated):
+            compute_rewards([backtracking], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=600)
     finally:
-        torch.cuda.set_device(0)
-    assert seen == [1]
+        signal.signal(signal.SIGTERM, previous)
+    assert received == [signal.SIGTERM]  # e.g. Lightning's, which marks the trainer as terminated
+
+
+def test_a_limited_call_raises_its_errors_with_the_workers_traceback():
+    with pytest.raises(KeyError, match="no_such_column") as info:
+        compute_rewards([missing_column], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+    assert "in missing_column" in str(info.value.__cause__)
+    with pytest.raises(ValueError, match="'nan_scores' returned nan"):
+        compute_rewards([nan_scores], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+
+
+def test_a_reward_that_cannot_reach_the_worker_is_a_clear_error(monkeypatch):
+    local = lambda prompts, completions, **columns: [1.0] * 3  # noqa: E731
+    with pytest.raises(RewardNotSendableError, match=r"'<lambda>' cannot run in a worker.*in_process"):
+        compute_rewards([local], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+    # Picklable here, but its module exists only in this process (as a script's `__main__` would).
+    ghost = types.ModuleType("ghost_module")
+    exec("def ghostly(prompts, completions, **columns):\n    return [1.0] * len(completions)", ghost.__dict__)
+    monkeypatch.setitem(sys.modules, "ghost_module", ghost)
+    with pytest.raises(RewardNotSendableError, match=r"'ghostly'.*No module named 'ghost_module'"):
+        compute_rewards([ghost.ghostly], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+
+
+def test_in_process_functions_are_called_here_without_a_worker(monkeypatch):
+    monkeypatch.setattr(base, "_worker", None)
+    seen = []
+
+    def spy(prompts, completions, **kwargs):
+        seen.append(threading.current_thread() is threading.main_thread())
+        return [0.0] * len(completions)
+
+    spy.in_process = True
+    shipped = [ArithmeticReward(), ExactMatchReward(), ReasoningReward()]
+    compute_rewards([spy, *shipped], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+    assert seen == [True] and base._worker is None
+
+
+@pytest.mark.slow
+def test_a_worker_stuck_in_c_dies_with_a_killed_trainer(tmp_path):
+    script = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from exgrpo_pl.rewards import base, compute_rewards\n"
+        "from worker_rewards import backtracking, ones\n"
+        "compute_rewards([ones], None, ['p'], ['c'], {}, timeout_seconds=600)\n"
+        "print(base._worker.process.pid, flush=True)\n"
+        "compute_rewards([backtracking], None, ['p'], ['c'], {}, timeout_seconds=600)\n"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pid = int(trainer.stdout.readline())
+    time.sleep(0.5)
+    trainer.kill()
+    trainer.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while not is_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert is_gone(pid)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True])
