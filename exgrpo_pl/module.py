@@ -33,10 +33,12 @@ from exgrpo_pl.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
 from exgrpo_pl.mixin import ReplayMixin
 from exgrpo_pl.models import DTYPES, load_policy, load_tokenizer, lora_config
 from exgrpo_pl.resume import (
+    estimated_stepping_batches,
     restore_rng_states,
     resumable_fit_progress,
     rng_states,
     settle_resumed_step_count,
+    warn_if_loader_not_restored,
 )
 from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.seeding import derive_seed
@@ -212,7 +214,9 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         hp = self.hparams
         params = [p for p in self.policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
-        total = max(int(self.trainer.estimated_stepping_batches) * hp.num_iterations, 1)
+        # Not trainer.estimated_stepping_batches: it would set the training loader up before a resumed run's
+        # checkpoint is restored, and the loader's saved position would never be loaded.
+        total = max(int(estimated_stepping_batches(self.trainer)) * hp.num_iterations, 1)
         scheduler = get_scheduler(hp.lr_scheduler_type, optimizer, hp.warmup_steps, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -289,6 +293,7 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         self.log(name, metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(batch["prompt"]))
 
     def on_train_start(self) -> None:
+        warn_if_loader_not_restored(self.trainer)
         if getattr(self, "_resumed_at", None) == "epoch end":
             settle_resumed_step_count(self.trainer)
             self._resumed_at = None

@@ -16,14 +16,30 @@ many when validation is due at that point; `settle_resumed_step_count` takes it 
     def on_train_start(self):
         if self._resumed_at == "epoch end":
             settle_resumed_step_count(self.trainer)
+
+A resumed run must not set its training loader up before the checkpoint's loops are restored: Lightning
+then never loads the loader's saved pass and position (Lightning issue #20550).
+`trainer.estimated_stepping_batches` sets it up when `max_epochs` is finite (every shipped config), so
+`configure_optimizers` counts the steps with `estimated_stepping_batches(trainer)` instead;
+`warn_if_loader_not_restored` says so when something else set the loader up early.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.trainer.connectors.data_connector import (
+    _parse_num_batches,
+    _process_dataloader,
+    _request_dataloader,
+)
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
+from lightning.pytorch.utilities.combined_loader import _SUPPORTED_MODES
+from lightning.pytorch.utilities.data import has_len_all_ranks
 
 _FIT = "fit_loop"
 _EPOCHS = "epoch_progress"
@@ -95,6 +111,59 @@ def settle_resumed_step_count(trainer) -> None:
         loop._batches_that_stepped -= 1
 
 
+def estimated_stepping_batches(trainer) -> int | float:
+    """`trainer.estimated_stepping_batches`, by the same formula, without setting up the fit loop's training
+    loader: that is set up after the checkpoint is restored, so a resumed run loads its saved pass and
+    position (see the module docstring). The batches of an epoch are counted on a loader requested and
+    prepared as Lightning prepares its own (distributed sampler, `limit_train_batches`), which is then
+    dropped without being iterated.
+
+    Args:
+        trainer: the trainer, in `configure_optimizers` or later.
+    """
+    if trainer.max_epochs == -1 or trainer.limit_train_batches == 0 or trainer.train_dataloader is not None:
+        return trainer.estimated_stepping_batches  # sets nothing up: no loader needed, or one is set up
+    batches = _training_batches(trainer)
+    if batches == math.inf:
+        return trainer.max_steps
+    steps = math.ceil(batches / trainer.accumulate_grad_batches) * max(trainer.max_epochs, 1)
+    return min(steps, trainer.max_steps) if trainer.max_steps != -1 else steps
+
+
+def _training_batches(trainer) -> int | float:
+    """What `trainer.num_training_batches` will be, measured as `FitLoop.setup_data` measures it."""
+    requested = _request_dataloader(trainer.fit_loop._data_source)
+    combined = (
+        requested if isinstance(requested, CombinedLoader) else CombinedLoader(requested, "max_size_cycle")
+    )
+    allow_zero = trainer.lightning_module.allow_zero_length_dataloader_with_multiple_devices
+    if trainer.datamodule is not None:
+        allow_zero |= trainer.datamodule.allow_zero_length_dataloader_with_multiple_devices
+    stage, limits = RunningStage.TRAINING, []
+    for loader in combined.flattened:
+        loader = _process_dataloader(trainer, TrainerFn.FITTING, stage, loader)
+        length = len(loader) if has_len_all_ranks(loader, trainer.strategy, allow_zero) else math.inf
+        limits.append(_parse_num_batches(stage, length, trainer.limit_train_batches))
+    return _SUPPORTED_MODES[combined._mode]["fn"](limits)  # a CombinedLoader's length, from its limits
+
+
+def warn_if_loader_not_restored(trainer) -> None:
+    """Warns when a resumed run's training loader was set up before the checkpoint was restored, so that
+    Lightning never loaded its saved pass and position: the run goes on with other batches than the
+    uninterrupted run would. Call in `on_train_start`.
+
+    Args:
+        trainer: the resumed run's trainer.
+    """
+    if trainer.fit_loop._combined_loader_states_to_load:  # Lightning clears them once it loads them
+        rank_zero_warn(
+            "Resuming: the training data loader was set up before the checkpoint was restored (for instance"
+            " by reading trainer.estimated_stepping_batches before training starts), so its saved pass and"
+            " position were not loaded: this run trains on other batches than the uninterrupted run. Count"
+            " steps with exgrpo_pl.resume.estimated_stepping_batches(trainer) instead."
+        )
+
+
 def _set(progress: dict[str, Any], total: dict[str, int]) -> None:
     """Sets the total counts to `total` and the current ones (this run's) to as much less as they were."""
     shift = {k: progress["current"][k] - progress["total"][k] for k in _KEYS}
@@ -120,13 +189,21 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     """Sets this rank's global CPU generator, and the current CUDA device's, to the states `rng_states`
     saved for it (Lightning makes each rank's device current before it restores a checkpoint).
 
-    A run resumed by another number of ranks gives rank r the state of saved rank r modulo their number.
+    A run resumed by another number of ranks gives rank r the state of saved rank r modulo their number,
+    and warns that it is not the uninterrupted run.
 
     Args:
         states: what `rng_states` returned.
     """
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    index = rank % len(states["cpu"])
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    saved = len(states["cpu"])
+    if saved != world_size:
+        rank_zero_warn(
+            f"Resuming: sampling RNG states saved by {saved} rank(s) are resumed by {world_size}; rank r"
+            f" takes saved rank r % {saved}'s, so this run samples other rollouts than the uninterrupted run."
+        )
+    index = rank % saved
     torch.set_rng_state(states["cpu"][index])
     cuda = states["cuda"][index]
     if cuda is not None and torch.cuda.is_available():

@@ -1,9 +1,12 @@
 """Exact resume: N steps straight == N/2 steps, a checkpoint, then the rest, bitwise (weights, optimizer
 state, replay buffer, replay/sampling/data generators and position, logged rewards): stopped mid-epoch and
-at an epoch's end, in swap and mix mode, and from the newest complete checkpoint after a SIGKILL. Also the
-pieces: `resumable_fit_progress` and the per-rank RNG states."""
+at an epoch's end, in swap and mix mode, with a finite `max_epochs` (as every shipped config) and without,
+and from the newest complete checkpoint after a SIGKILL; every shipped config as it is through `exgrpo fit`
+(slow). Also the pieces: the step count that sets no loader up, `resumable_fit_progress`, the per-rank RNG
+states, and the warnings where a resume cannot be exact."""
 
 import csv
+import math
 import multiprocessing
 import os
 import signal
@@ -15,17 +18,27 @@ import torch
 from conftest import tiny_module
 from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import CSVLogger
 
 from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.difficulty import DifficultyBucketer
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.replay import SelectiveReplay
-from exgrpo_pl.resume import restore_rng_states, resumable_fit_progress, rng_states
+from exgrpo_pl.resume import (
+    estimated_stepping_batches,
+    restore_rng_states,
+    resumable_fit_progress,
+    rng_states,
+)
 
 ROWS, BATCH, STEPS = 12, 4, 6  # 3 steps an epoch, fewer once questions are retired
+SHIPPED_MAX_EPOCHS = 100  # every shipped config's: the step count then needs the epoch length
+CONFIGS = Path(__file__).parents[1] / "configs"
+SHIPPED = ["quickstart", "quickstart_reasoning", "exgrpo_paper", "exgrpo_seed", "grpo_baseline"]
 
 
 @dataclass
@@ -36,10 +49,14 @@ class Run:
     data: PromptDataModule
 
 
-def train(root: Path, model_dir, mode, steps, ckpt_path=None, callbacks=(), **checkpointing) -> Run:
-    """The tiny GRPO module with replay from the first step and retirement after 2 solved rollouts."""
+def train(
+    root: Path, model_dir, mode, steps, ckpt_path=None, callbacks=(), max_epochs=SHIPPED_MAX_EPOCHS,
+    module=None, **checkpointing,
+) -> Run:  # fmt: skip
+    """The tiny GRPO module (or `module`) with replay from the first step and retirement after 2 solved
+    rollouts."""
     seed_everything(0)
-    module = tiny_module(model_dir)
+    module = module or tiny_module(model_dir)
     replay = ReplayCallback(
         mode=mode,
         min_buffer_size=1,
@@ -48,7 +65,8 @@ def train(root: Path, model_dir, mode, steps, ckpt_path=None, callbacks=(), **ch
     )
     checkpoint = SafeModelCheckpoint(dirpath=root / "checkpoints", save_last="link", **checkpointing)
     trainer = Trainer(
-        max_steps=steps, accelerator="cpu", logger=CSVLogger(root, name="log"), log_every_n_steps=1,
+        max_steps=steps, max_epochs=max_epochs, accelerator="cpu", logger=CSVLogger(root, name="log"),
+        log_every_n_steps=1,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=root,
         plugins=[AtomicCheckpointIO()], callbacks=[replay, checkpoint, *callbacks],
     )  # fmt: skip
@@ -102,12 +120,12 @@ def straight(tmp_path_factory, tiny_model_dir):
     """The uninterrupted run of each mode, trained once for all the tests that compare with it."""
     runs = {}
 
-    def get(mode):
-        if mode not in runs:
+    def get(mode, max_epochs=SHIPPED_MAX_EPOCHS):
+        if (mode, max_epochs) not in runs:
             root = tmp_path_factory.mktemp(f"straight-{mode}")
-            run = train(root, tiny_model_dir, mode, STEPS)
-            runs[mode] = (final_state(run), logged(run), run)
-        return runs[mode]
+            run = train(root, tiny_model_dir, mode, STEPS, max_epochs=max_epochs)
+            runs[mode, max_epochs] = (final_state(run), logged(run), run)
+        return runs[mode, max_epochs]
 
     return get
 
@@ -122,14 +140,63 @@ def check_resumed(straight_run, resumed: Run, stop: int) -> None:
     assert logged(resumed, "epoch") == {step: logged(run, "epoch")[step] for step in range(stop, STEPS)}
 
 
+@pytest.mark.parametrize("max_epochs", [SHIPPED_MAX_EPOCHS, -1], ids=["max_epochs=100", "max_epochs=-1"])
 @pytest.mark.parametrize("mode", ["swap", pytest.param("mix", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("stop", [3, 4], ids=["at the end of epoch 0", "mid epoch 1"])
-def test_a_resumed_run_is_the_uninterrupted_run_bitwise(tmp_path, tiny_model_dir, straight, mode, stop):
-    first = train(tmp_path, tiny_model_dir, mode, stop)
+def test_a_resumed_run_is_the_uninterrupted_run_bitwise(
+    tmp_path, tiny_model_dir, straight, mode, stop, max_epochs, recwarn
+):
+    first = train(tmp_path, tiny_model_dir, mode, stop, max_epochs=max_epochs)
     # Questions were retired before the stop: epoch 1 leaves them out, in both runs.
     assert first.replay.buffer.bucketer.retired and first.replay.replayed_steps > 0
-    resumed = train(tmp_path, tiny_model_dir, mode, STEPS, ckpt_path="last")
-    check_resumed(straight(mode), resumed, stop)
+    resumed = train(tmp_path, tiny_model_dir, mode, STEPS, ckpt_path="last", max_epochs=max_epochs)
+    check_resumed(straight(mode, max_epochs), resumed, stop)
+    assert not [w for w in recwarn if "Resuming:" in str(w.message)]  # nothing to warn about
+
+
+def test_a_loader_set_up_before_the_checkpoint_is_restored_is_reported(tmp_path, tiny_model_dir):
+    train(tmp_path, tiny_model_dir, "swap", 4)
+    module = tiny_module(tiny_model_dir)
+    configure_optimizers = module.configure_optimizers
+
+    def reads_the_step_count_first():
+        assert module.trainer.estimated_stepping_batches > 0  # Lightning's: sets the training loader up
+        return configure_optimizers()
+
+    module.configure_optimizers = reads_the_step_count_first
+    with pytest.warns(UserWarning, match="saved pass and position were not loaded"):
+        train(tmp_path, tiny_model_dir, "swap", STEPS, ckpt_path="last", module=module)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", SHIPPED)
+def test_a_shipped_config_as_it_is_resumes_bitwise(tmp_path, config):
+    """`exgrpo fit` with only `max_steps` changed (`max_epochs` as shipped): 6 steps straight against 3, a
+    checkpoint and `--ckpt_path last`."""
+    straight = fit_shipped(config, tmp_path / "straight", 6)
+    fit_shipped(config, tmp_path / "split", 3)
+    resumed = fit_shipped(config, tmp_path / "split", 6, resume=True)
+    assert straight["global_step"] == resumed["global_step"] == 6
+    keys = ["state_dict", "optimizer_states", "lr_schedulers", "sampling_rng", "token_counts", "loops"]
+    for key in [*keys, "PromptDataModule"]:
+        assert_same(straight[key], resumed[key], key)
+    assert_same(replay_state(straight), replay_state(resumed), "replay")
+
+
+def fit_shipped(config: str, root: Path, steps: int, resume: bool = False) -> dict:
+    """Runs `exgrpo fit` on configs/<config>.yaml with `max_steps=steps`; returns its last checkpoint."""
+    main([
+        "fit", "--config", str(CONFIGS / f"{config}.yaml"), f"--trainer.max_steps={steps}",
+        f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false",
+        *(["--ckpt_path=last"] if resume else []),
+    ])  # fmt: skip
+    newest = max((root / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    return torch.load(newest / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+def replay_state(checkpoint: dict) -> dict | None:
+    """The ReplayCallback's state (buffer, generators, counters), None without one."""
+    return next((v for k, v in checkpoint["callbacks"].items() if "ReplayCallback" in k), None)
 
 
 class KillDuringStep(Callback):
@@ -222,6 +289,39 @@ def test_checkpoints_saved_at_an_epochs_end_get_the_progress_of_the_next_epochs_
         assert resumable_fit_progress(checkpoint) == "epoch end"
         assert progress(checkpoint) == ([1, 1, 1, 1], [3, 3, 3, 3], [0, 0, 0, 0], False, 3)
         assert resumable_fit_progress(checkpoint) is None
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        dict(max_epochs=3),
+        dict(max_epochs=3, max_steps=40),
+        dict(max_epochs=2, limit_train_batches=0.5),
+        dict(max_epochs=2, limit_train_batches=5),
+        dict(max_epochs=2, accumulate_grad_batches=3),
+        dict(max_epochs=-1, max_steps=7),
+    ],
+)
+def test_the_step_count_is_lightnings_without_setting_the_loader_up(tmp_path, limits):
+    class Counting(BoringModel):
+        def configure_optimizers(self):
+            ours = estimated_stepping_batches(self.trainer)
+            self.counted = (ours, self.trainer.train_dataloader, self.trainer.estimated_stepping_batches)
+            return super().configure_optimizers()
+
+    model = Counting()
+    Trainer(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, default_root_dir=tmp_path, **limits,
+    ).fit(model)  # fmt: skip
+    ours, loader_then, lightnings = model.counted
+    assert loader_then is None and ours == lightnings and math.isfinite(ours)
+
+
+def test_rng_states_of_another_number_of_ranks_warn_that_the_resume_is_not_exact():
+    saved = {"cpu": [torch.get_rng_state()] * 2, "cuda": [None, None]}
+    with pytest.warns(UserWarning, match=r"saved by 2 rank\(s\) are resumed by 1"):
+        restore_rng_states(saved)
 
 
 def test_rng_states_round_trip_on_one_process():
