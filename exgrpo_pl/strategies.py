@@ -5,7 +5,7 @@ Lightning's `DeepSpeedStrategy` builds a DeepSpeed config from its arguments, or
 `gradient_clipping` and the `fp16`/`bf16` sections from the trainer only at setup, after the model is
 built. A user config that disagrees with the trainer then fails late (after a multi-GB model load), or
 worse, trains silently with settings nobody asked for. `check_strategy` says so before anything is loaded;
-`ExGRPOCLI` calls it before fit, validate and test.
+`ExGRPOModule.setup` calls it before fit, validate and test.
 
     from exgrpo_pl.strategies import check_strategy
     check_strategy(trainer, module, datamodule)   # raises ValueError naming every conflict
@@ -18,6 +18,22 @@ through `LightningModule.clip_gradients`, which Lightning's DeepSpeed precision 
 (DeepSpeed clips inside `engine.step()` with the config's `gradient_clipping`). So `check_strategy` writes
 `model.max_grad_norm` into the config's `gradient_clipping` when the config has none, and rejects a config
 whose `gradient_clipping` differs from it: `model.max_grad_norm` stays the one setting to change.
+
+Gradient accumulation under DeepSpeed: a step sums the gradients of every micro-batch (128 rollouts in
+micro-batches of 4 are 32 `engine.backward` calls, then one `engine.step()`), while Lightning sets DeepSpeed's
+`gradient_accumulation_steps` to 1, so DeepSpeed takes every backward for an accumulation boundary; under
+ZeRO 1-2 each one then overwrites the last (DeepSpeed 0.19.8, measured on the CPU: the step applies the last
+micro-batch's gradient only) unless the config says `managed_gradient_accumulation: false` (the caller owns
+the boundary: `step()`), which `check_strategy` sets (at stage 1 with `overlap_comm: false`, which DeepSpeed
+requires there). And DeepSpeed sums in the model's dtype unless
+`data_types.grad_accum_dtype` says otherwise; in bf16 (8 significant bits) small contributions round away.
+Under ZeRO stages 1-3 (DeepSpeed accumulates bf16 gradients in fp32 only there) `check_strategy` sets
+`grad_accum_dtype: fp32`. Either key given in the config is kept.
+
+Master weights: outside DeepSpeed nothing keeps an fp32 copy of 16-bit weights, so an AdamW step of 1e-6 on
+a bf16 weight of size ~1 (spacing 2**-7) rounds to nothing and the model never moves. `check_strategy`
+rejects training with bf16/fp16 weights (`model.dtype`, or `trainer.precision` `bf16-true` / `16-true`,
+which convert the weights) under any other strategy; `bf16-mixed` with float32 weights is the way there.
 """
 
 from __future__ import annotations
@@ -26,6 +42,7 @@ from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 
 # Trainer precision flag -> the DeepSpeed section that Lightning enables for it (None: neither).
 _PRECISION_SECTION = {
@@ -36,6 +53,8 @@ _PRECISION_SECTION = {
 }
 # The module's parameter dtype -> the DeepSpeed section it goes with.
 _DTYPE_SECTION = {"float16": "fp16", "bfloat16": "bf16", "float32": None}
+# Trainer precision flags under which Lightning converts the weights themselves to 16 bits.
+_HALF_WEIGHT_PRECISIONS = ("bf16-true", "16-true")
 
 
 def deepspeed_config(trainer: Trainer) -> dict[str, Any] | None:
@@ -106,12 +125,18 @@ def check_strategy(
     - `train_micro_batch_size_per_gpu` / `train_batch_size` that disagree with the data's batch size;
     - `gradient_clipping` that differs from `model.max_grad_norm` (absent: filled in from it);
     - `fp16` / `bf16` sections that disagree with `trainer.precision`, and `model.dtype` that does;
+    - sets `managed_gradient_accumulation: false` and, under bf16 with ZeRO, `data_types.grad_accum_dtype:
+      fp32`, unless the config sets them; an installed DeepSpeed without `managed_gradient_accumulation`;
     - a ZeRO stage outside 0-3; ZeRO-3 with `model.beta > 0` (the frozen reference is a deep copy of the
       partitioned policy, which ZeRO-3 cannot run);
     - optimizer offload with the module's `torch.optim.AdamW` while DeepSpeed insists on its CPU Adam;
     - `optimizer` / `scheduler` sections (the module builds its own from `model.learning_rate`).
 
     ZeRO-3 with `model.gradient_checkpointing` is fine; other offload settings are passed through.
+
+    Checked under any other strategy, when fitting: no 16-bit weights to train (`model.dtype` bfloat16 or
+    float16 without `model.lora`, `trainer.precision` bf16-true or 16-true), since only DeepSpeed keeps fp32
+    master weights.
 
     Args:
         trainer: the trainer, constructed but not yet fitting.
@@ -141,11 +166,46 @@ def check_strategy(
     config = deepspeed_config(trainer)
     if config is not None:
         problems += _deepspeed_problems(trainer, module, datamodule, config, hparams)
+    elif trainer.state.fn not in (TrainerFn.VALIDATING, TrainerFn.TESTING, TrainerFn.PREDICTING):
+        problems += _master_weight_problems(trainer, hparams)
     if problems:
         raise ValueError("conflicting trainer / strategy / model settings:\n  - " + "\n  - ".join(problems))
     if config is not None and manual and max_grad_norm is not None and "gradient_clipping" not in config:
         # DeepSpeed's precision plugin ignores LightningModule.clip_gradients: the engine must clip.
         config["gradient_clipping"] = float(max_grad_norm)
+    if config is not None:
+        config.setdefault("managed_gradient_accumulation", False)  # several backwards, one step()
+        if config["managed_gradient_accumulation"] is False and zero_stage(trainer) == 1:
+            config["zero_optimization"]["overlap_comm"] = False  # DeepSpeed refuses both together at stage 1
+        if _PRECISION_SECTION.get(str(trainer.precision)) == "bf16" and zero_stage(trainer):
+            config.setdefault("data_types", {}).setdefault("grad_accum_dtype", "fp32")
+
+
+def _master_weight_problems(trainer: Trainer, hparams: Any) -> list[str]:
+    """Training 16-bit weights without DeepSpeed, which alone keeps fp32 master weights for them.
+
+    With `model.lora`, peft keeps the trained adapter in float32 over the frozen 16-bit base (its
+    `autocast_adapter_dtype`), so only a precision flag that converts every weight is a problem there.
+    """
+    problems = []
+    strategy = type(trainer.strategy).__name__
+    precision = str(trainer.precision)
+    fix = (
+        "use trainer.precision: bf16-mixed with model.dtype: float32 (fp32 weights, bf16 compute), or a "
+        "DeepSpeed strategy, which keeps fp32 master weights (configs/qwen2.5-math-1.5b_zero2.yaml)"
+    )
+    if precision in _HALF_WEIGHT_PRECISIONS:
+        problems.append(
+            f"trainer.precision={precision!r} with {strategy}: Lightning converts the weights to 16 bits and "
+            f"the optimizer updates them with no fp32 master copy (a 1e-6 step rounds away); {fix}"
+        )
+    dtype = hparams.get("dtype")
+    if dtype in ("bfloat16", "float16") and not hparams.get("lora"):
+        problems.append(
+            f"model.dtype={dtype!r} with {strategy}: the optimizer would update {dtype} weights with no fp32 "
+            f"master copy (a 1e-6 step rounds away); {fix}"
+        )
+    return problems
 
 
 def _deepspeed_problems(
@@ -156,6 +216,14 @@ def _deepspeed_problems(
     hparams: Any,
 ) -> list[str]:
     problems: list[str] = []
+    if not _deepspeed_knows_unmanaged_accumulation():
+        import deepspeed
+
+        problems.append(
+            f"deepspeed {deepspeed.__version__} has no managed_gradient_accumulation setting: under ZeRO 1-2 "
+            "it would apply only the last micro-batch's gradient of each step; install a DeepSpeed that has "
+            "it (0.19.8 does)"
+        )
     formatted = getattr(trainer.strategy, "_config_initialized", False)  # Lightning has filled it in
     auto = _auto_keys(config)
     if auto:
@@ -266,6 +334,13 @@ def _deepspeed_problems(
                 f"steps the schedule itself; remove '{key}' from the DeepSpeed config"
             )
     return problems
+
+
+def _deepspeed_knows_unmanaged_accumulation() -> bool:
+    """Whether the installed DeepSpeed reads `managed_gradient_accumulation` from its config."""
+    from deepspeed.runtime import constants
+
+    return hasattr(constants, "MANAGED_GRADIENT_ACCUMULATION")
 
 
 def _auto_keys(config: Any, prefix: str = "") -> list[str]:

@@ -6,9 +6,11 @@ from copy import deepcopy
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 
 from exgrpo_pl.cli import ExGRPOCLI
 from exgrpo_pl.data import PromptDataModule
@@ -74,6 +76,9 @@ def test_preset_builds_its_deepspeed_strategy(stage, tiny_model_dir, tmp_path):
     check_strategy(cli.trainer, cli.model, cli.datamodule)
     # The engine clips (Lightning's DeepSpeed plugin ignores clip_gradients), with model.max_grad_norm.
     assert strategy.config["gradient_clipping"] == hp.max_grad_norm == 1.0
+    # 32 backwards per step are summed, in fp32 (test_deepspeed_sums_every_micro_batch_in_fp32).
+    assert strategy.config["managed_gradient_accumulation"] is False
+    assert strategy.config["data_types"] == {"grad_accum_dtype": "fp32"}
     check_strategy(cli.trainer, cli.model, cli.datamodule)  # idempotent
     assert needs_synced_generation(cli.trainer) is (stage == 3)
 
@@ -214,11 +219,115 @@ def test_max_grad_norm_zero_turns_engine_clipping_off(tiny_model_dir, tmp_path):
     assert trainer.strategy.config["gradient_clipping"] == 0.0
 
 
-def test_without_deepspeed_only_the_trainer_is_checked(tiny_model_dir, tmp_path):
-    trainer = _check(tiny_model_dir, tmp_path, strategy="auto", precision="32-true", module_kwargs={})
+@pytest.mark.parametrize(
+    ("config", "precision", "expected"),
+    [
+        (ZERO2, "bf16-true", {"grad_accum_dtype": "fp32"}),
+        ({**ZERO2, "data_types": {"grad_accum_dtype": "bf16"}}, "bf16-true", {"grad_accum_dtype": "bf16"}),
+        ({"zero_optimization": {"stage": 0}}, "bf16-true", None),  # DeepSpeed: "unsupported mix" there
+        (ZERO2, "32-true", None),
+    ],
+    ids=["bf16-zero2", "user-choice-kept", "bf16-no-zero", "fp32"],
+)
+def test_bf16_gradients_accumulate_in_fp32_unless_the_config_says(
+    config, precision, expected, tiny_model_dir, tmp_path
+):
+    module_kwargs = {"dtype": "float32" if precision == "32-true" else "bfloat16"}
+    trainer = _check(tiny_model_dir, tmp_path, config, module_kwargs, precision=precision)
+    assert trainer.strategy.config.get("data_types") == expected
+    assert trainer.strategy.config["managed_gradient_accumulation"] is False
+
+
+def test_zero1_gives_up_overlap_comm_for_unmanaged_accumulation(tiny_model_dir, tmp_path):
+    trainer = _check(tiny_model_dir, tmp_path, strategy=DeepSpeedStrategy(stage=1))
+    assert trainer.strategy.config["zero_optimization"]["overlap_comm"] is False
+
+
+def test_a_deepspeed_without_unmanaged_accumulation_is_rejected(tiny_model_dir, tmp_path, monkeypatch):
+    from deepspeed.runtime import constants
+
+    monkeypatch.delattr(constants, "MANAGED_GRADIENT_ACCUMULATION")
+    with pytest.raises(ValueError, match="no managed_gradient_accumulation setting"):
+        _check(tiny_model_dir, tmp_path, ZERO2)
+
+
+def test_a_small_step_vanishes_on_bf16_weights_and_not_on_fp32_ones():
+    """Why 16-bit weights need fp32 master weights: AdamW's first step moves each weight by ~lr."""
+    moved = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        weight = torch.nn.Parameter(torch.ones(4, dtype=dtype))
+        optimizer = torch.optim.AdamW([weight], lr=1e-6, weight_decay=0.0)
+        weight.grad = torch.full_like(weight, 0.5)
+        optimizer.step()
+        moved[dtype] = bool((weight != 1).all())
+    assert moved == {torch.bfloat16: False, torch.float32: True}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "precision", "module_kwargs", "message"),
+    [
+        ("auto", "32-true", {"dtype": "bfloat16"}, r"model.dtype='bfloat16' with SingleDeviceStrategy"),
+        ("auto", "bf16-mixed", {"dtype": "bfloat16"}, r"model.dtype='bfloat16'.*no fp32 master copy"),
+        ("ddp", "16-mixed", {"dtype": "float16"}, r"model.dtype='float16' with DDPStrategy"),
+        ("ddp", "bf16-true", {"dtype": "float32"}, r"trainer.precision='bf16-true' with DDPStrategy"),
+        ("auto", "16-true", {"dtype": "float32"}, r"precision='16-true'.*use trainer.precision: bf16-mixed"),
+        (
+            "auto",
+            "bf16-true",
+            {"dtype": "bfloat16", "lora": {"r": 2}},  # bf16-true converts the adapter too
+            r"trainer.precision='bf16-true'",
+        ),
+    ],
+)
+def test_training_16_bit_weights_without_deepspeed_is_rejected(
+    strategy, precision, module_kwargs, message, tiny_model_dir, tmp_path
+):
+    with pytest.raises(ValueError, match=message) as err:
+        _check(tiny_model_dir, tmp_path, strategy=strategy, precision=precision, module_kwargs=module_kwargs)
+    assert "DeepSpeed" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("precision", "module_kwargs"),
+    [
+        ("bf16-mixed", {"dtype": "float32"}),
+        ("16-mixed", {"dtype": "float32"}),
+        ("32-true", {"dtype": "float32"}),
+        ("bf16-mixed", {"dtype": "bfloat16", "lora": {"r": 2}}),  # test_lora_adapter_of_a_bf16_base_is_fp32
+    ],
+)
+def test_fp32_weights_without_deepspeed_pass(precision, module_kwargs, tiny_model_dir, tmp_path):
+    _check(tiny_model_dir, tmp_path, strategy="auto", precision=precision, module_kwargs=module_kwargs)
+
+
+def test_evaluating_16_bit_weights_without_deepspeed_passes(tiny_model_dir, tmp_path):
+    trainer = _trainer(tmp_path, "auto")
+    trainer.state.fn = TrainerFn.VALIDATING  # as Trainer.validate sets it before the module's setup
+    check_strategy(trainer, _module(tiny_model_dir), None)
+
+
+def test_lora_adapter_of_a_bf16_base_is_fp32(tiny_model_dir):
+    pytest.importorskip("peft")
+    module = _module(tiny_model_dir, lora={"r": 2, "target_modules": "all-linear"})
+    module.configure_model()
+    trained = {p.dtype for p in module.policy.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in module.policy.parameters() if not p.requires_grad}
+    assert trained == {torch.float32} and frozen == {torch.bfloat16}
+
+
+def test_without_deepspeed_the_trainer_and_the_weights_dtype_are_checked(tiny_model_dir, tmp_path):
+    fp32 = {"dtype": "float32"}
+    trainer = _check(tiny_model_dir, tmp_path, strategy="auto", precision="32-true", module_kwargs=fp32)
     assert zero_stage(trainer) is None and needs_synced_generation(trainer) is False
     with pytest.raises(ValueError, match="gradient_clip_val"):
-        _check(tiny_model_dir, tmp_path, strategy="auto", precision="32-true", gradient_clip_val=1.0)
+        _check(
+            tiny_model_dir,
+            tmp_path,
+            strategy="auto",
+            precision="32-true",
+            module_kwargs=fp32,
+            gradient_clip_val=1.0,
+        )
 
 
 @pytest.mark.parametrize(("stage", "synced"), [(0, False), (1, False), (2, False), (3, True)])
@@ -278,3 +387,56 @@ def test_zero3_loading_needs_hf_deepspeed_config(tiny_model_dir):
     assert result.returncode == 0, result.stderr[-2000:]
     assert lines[0] != "plain True"  # zero.Init alone cannot load a checkpoint
     assert lines[1] == "hf True"
+
+
+# One DeepSpeed step of three backwards (x = 1, 1/2, 1/4 through w = 1: gradients 1, 1/2, 1/4), SGD with lr 1,
+# as ExGRPOModule steps: several engine.backward, then one engine.step. With check_strategy's config the step
+# applies their sum (w = 1 - 1.75); with Lightning's bare config only the last one (w = 1 - 0.25).
+_ACCUMULATE = """
+import os, sys, torch
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+import deepspeed
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from exgrpo_pl.data import PromptDataModule
+from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.strategies import check_strategy
+deepspeed.init_distributed(dist_backend="gloo")
+for stage in (1, 2, 3):
+    for checked in (True, False):
+        trainer = Trainer(accelerator="cpu", devices=1, strategy=DeepSpeedStrategy(stage=stage),
+                          precision="bf16-true", logger=False)
+        module = ExGRPOModule(model_name_or_path=sys.argv[1], num_generations=2, dtype="bfloat16")
+        if checked:
+            check_strategy(trainer, module, PromptDataModule(batch_size=1))
+        trainer.strategy._init_config_if_needed()  # Lightning's setup adds the bf16 section
+        config = {**trainer.strategy.config, "gradient_clipping": 0.0, "train_micro_batch_size_per_gpu": 1}
+        layer = torch.nn.Linear(1, 1, bias=False)
+        torch.nn.init.ones_(layer.weight)
+        engine, *_ = deepspeed.initialize(
+            model=layer, optimizer=torch.optim.SGD(layer.parameters(), lr=1.0), config=config
+        )
+        for x in (1.0, 0.5, 0.25):
+            engine.backward(engine(torch.tensor([[x]], dtype=torch.bfloat16)).sum())
+        engine.step()
+        weight = next(engine.module.parameters())
+        with deepspeed.zero.GatheredParameters([weight], enabled=stage == 3):
+            value = weight.item()
+        print("RESULT", stage, checked, value, str(engine.get_data_types()[1]), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_deepspeed_sums_every_micro_batch_in_fp32(tiny_model_dir):
+    port = str(29500 + __import__("os").getpid() % 1000)
+    result = subprocess.run(
+        [sys.executable, "-c", _ACCUMULATE, tiny_model_dir, port], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("RESULT")]
+    weights = {(int(stage), checked == "True"): float(value) for stage, checked, value, _ in rows}
+    accumulation = {(int(stage), checked == "True"): dtype for stage, checked, _, dtype in rows}
+    for stage in (1, 2, 3):
+        assert weights[stage, True] == 1 - 1.75 and accumulation[stage, True] == "torch.float32"
+    # The trap: Lightning's own config keeps only the last micro-batch's gradient under ZeRO 1-2.
+    assert weights[1, False] == weights[2, False] == 1 - 0.25
