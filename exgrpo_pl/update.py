@@ -25,6 +25,10 @@ from exgrpo_pl.rollout import completion_logps, completion_mask_from_ids
 class NonFiniteGuard:
     """Counts updates skipped for a non-finite loss or gradient norm; too many in a row stop the run.
 
+    Under fp16 loss scaling (`16-mixed`, DeepSpeed fp16) a gradient overflow is the loss scaler's business: it
+    skips that update and lowers its scale, and the first steps of a run overflow that way by design. Such a
+    skip is counted, but not towards the limit (a non-finite loss still is).
+
     Args:
         max_in_a_row: skipped updates in a row that raise.
     """
@@ -37,8 +41,13 @@ class NonFiniteGuard:
     def passed(self) -> None:
         self.in_a_row = 0
 
-    def skip(self, step: int, loss: float, grad_norm: float | None) -> None:
+    def skip(self, step: int, loss: float, grad_norm: float | None, scaler_overflow: bool = False) -> None:
         self.skipped += 1
+        if scaler_overflow:
+            rank_zero_info(
+                f"step {step}: gradient overflow; the loss scaler skipped the update and lowers its scale"
+            )
+            return
         self.in_a_row += 1
         if self.in_a_row >= self.max_in_a_row:
             raise RuntimeError(
@@ -115,18 +124,23 @@ def policy_update(
             module.manual_backward(loss)
             share = min(size, len(rollouts) - start) / len(rollouts)
             _accumulate(totals, {"loss": loss.detach(), **stats}, share)
+        loss_finite = finite
         grad_norm = _clip_gradients(module, optimizer) if finite else math.nan
         finite = finite and (grad_norm is None or math.isfinite(grad_norm))
+        scaler_decides = loss_finite and _loss_scaled(module)  # a gradient overflow is the scaler's to skip
+        if finite or scaler_decides:
+            optimizer.step()  # a loss scaler skips a step with inf gradients itself, and lowers its scale
+        engine = _deepspeed_engine(module)
+        if engine is not None and finite:  # DeepSpeed checks the gradients inside its step
+            finite = engine.was_step_applied()
+            grad_norm = float(engine.get_global_grad_norm() or 0.0) if finite else math.inf
         if not finite:  # the batch's remaining updates would start from the same weights
             optimizer.zero_grad(set_to_none=True)
-            guard.skip(module.global_step, totals.get("loss", math.nan), grad_norm)
+            guard.skip(module.global_step, totals.get("loss", math.nan), grad_norm, scaler_decides)
             totals.update(loss=math.nan, grad_norm=grad_norm)
             break
-        optimizer.step()
         module.engine.weights_changed()
         scheduler.step()
-        if grad_norm is None:  # DeepSpeed: the engine measured it inside its step
-            grad_norm = float(module.trainer.strategy.deepspeed_engine.get_global_grad_norm() or 0.0)
         totals["grad_norm"] = grad_norm
         optimizer.zero_grad(set_to_none=True)
     if finite:
@@ -164,16 +178,34 @@ def _clip_gradients(module: LightningModule, optimizer) -> float | None:
 
     Under DeepSpeed the engine owns the (sharded) gradients and clips inside its step with
     `gradient_clipping` (set from max_grad_norm by `check_strategy`): None here, read after the step.
+    Under `16-mixed` the gradients are still multiplied by the loss scale here (Lightning unscales them
+    inside `optimizer.step()`, and only once), so the norm is divided by it and the threshold multiplied.
     """
     if isinstance(module.trainer.strategy, DeepSpeedStrategy):
         return None
+    scaler = getattr(module.trainer.precision_plugin, "scaler", None)
+    scale = float(scaler.get_scale()) if scaler is not None else 1.0
     grads = [p.grad for p in module.policy.parameters() if p.grad is not None]
-    norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+    norm = float(torch.nn.utils.get_total_norm(grads)) / scale if grads else 0.0
     if module.hparams.max_grad_norm > 0 and math.isfinite(norm):
         module.clip_gradients(
-            optimizer, gradient_clip_val=module.hparams.max_grad_norm, gradient_clip_algorithm="norm"
+            optimizer, gradient_clip_val=module.hparams.max_grad_norm * scale, gradient_clip_algorithm="norm"
         )
     return norm
+
+
+def _deepspeed_engine(module: LightningModule):
+    """The DeepSpeed engine of the module's strategy, or None."""
+    strategy = module.trainer.strategy
+    return strategy.deepspeed_engine if isinstance(strategy, DeepSpeedStrategy) else None
+
+
+def _loss_scaled(module: LightningModule) -> bool:
+    """Whether an fp16 loss scaler (torch's GradScaler under 16-mixed, or DeepSpeed's) handles overflows."""
+    engine = _deepspeed_engine(module)
+    if engine is not None:
+        return bool(engine.fp16_enabled())
+    return getattr(module.trainer.precision_plugin, "scaler", None) is not None
 
 
 def _accumulate(totals: dict[str, float], values: dict[str, Tensor], share: float) -> None:
