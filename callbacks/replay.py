@@ -248,8 +248,10 @@ class ReplayCallback(Callback):
         on who writes the checkpoint file:
 
         - DDP, DeepSpeed ZeRO 0-2, one process: rank 0 alone writes the file that every rank reads back
-          (DeepSpeed: `checkpoint/mp_rank_00_model_states.pt`), so every rank's state is gathered here
-          (every rank runs this hook): `{"ranks": [rank 0's, ..., rank N-1's]}`.
+          (DeepSpeed: `checkpoint/mp_rank_00_model_states.pt`), so every rank's state is gathered to rank 0
+          here (every rank runs this hook): `{"ranks": [rank 0's, ..., rank N-1's]}`; the other ranks, which
+          write nothing, return their own. The gather runs over a gloo group, in CPU memory: over the default
+          NCCL group the pickled buffers would be staged on the GPU, N of them on rank 0.
         - DeepSpeed ZeRO-3: DeepSpeed writes Lightning's client state, callback states included, into every
           rank's own `checkpoint/zero_pp_rank_<r>_mp_rank_00_model_states.pt`, and each rank loads its own
           file (`DeepSpeedEngine._get_ckpt_name`). Gathering would put all N buffers in each of the N files
@@ -267,9 +269,9 @@ class ReplayCallback(Callback):
         if self._rank_writes_own_file:
             return {"ranks": [own], "rank": rank, "world_size": world_size}
         if world_size > 1:
-            ranks: list[Any] = [None] * world_size
-            dist.all_gather_object(ranks, own)
-            return {"ranks": ranks}
+            ranks: list[Any] | None = [None] * world_size if rank == 0 else None
+            dist.gather_object(own, ranks, dst=0, group=_object_group())
+            return {"ranks": ranks} if rank == 0 else {"ranks": [own], "rank": rank, "world_size": world_size}
         return {"ranks": [own]}
 
     @override
@@ -373,9 +375,25 @@ def _rank_and_world_size() -> tuple[int, int]:
     return 0, 1
 
 
+_OBJECT_GROUPS: dict[Any, Any] = {}  # the default group -> its gloo twin, made once
+
+
+def _object_group():
+    """A gloo group of all ranks for gathering Python objects, which then stay in CPU memory.
+
+    Made on first use, which every rank reaches at the same collective (a checkpoint save, a pass's
+    retirement), and kept for the life of the default group.
+    """
+    world = dist.group.WORLD
+    if world not in _OBJECT_GROUPS:
+        _OBJECT_GROUPS.clear()
+        _OBJECT_GROUPS[world] = dist.new_group(backend="gloo")
+    return _OBJECT_GROUPS[world]
+
+
 def _union_across_ranks(ids) -> set[int]:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, sorted(ids))
+        dist.all_gather_object(gathered, sorted(ids), group=_object_group())
         return {i for part in gathered for i in part}
     return set(ids)

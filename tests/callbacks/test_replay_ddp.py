@@ -220,3 +220,35 @@ def test_a_resumed_two_rank_run_is_the_uninterrupted_run_on_every_rank(tmp_path,
     assert straight[0]["excluded"] and not straight[0]["buffer"]["question_id"].equal(
         straight[1]["buffer"]["question_id"]
     )
+
+
+class RecordStateDict(Callback):
+    """Writes, per rank, what `ReplayCallback.state_dict()` returns there and the gather group's backend."""
+
+    def __init__(self, out_dir):
+        self.out_dir = out_dir
+
+    def on_train_end(self, trainer, pl_module):
+        replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
+        state = replay.state_dict()
+        group = replay_callback._object_group()
+        record = {
+            "ranks": [len(s["buffer"]["seq"]) for s in state["ranks"]],
+            "rank": state.get("rank"),
+            "own": len(replay.buffer),
+            "backend": dist.get_backend(group),
+            "same_group": group is replay_callback._object_group() and group is not dist.group.WORLD,
+        }
+        (self.out_dir / f"state{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def test_rank_0_alone_gathers_the_replay_states_over_a_gloo_group(tmp_path, tiny_model_dir):
+    seed_everything(0)
+    replay = ReplayCallback(mode="swap", min_buffer_size=1, start_pass_rate=0.0)
+    module = tiny_module(tiny_model_dir, num_generations=2, max_completion_length=3)
+    fit_two_ranks(module, [replay, RecordStateDict(tmp_path)], max_steps=3, enable_checkpointing=False)
+
+    records = [json.loads((tmp_path / f"state{r}.json").read_text()) for r in range(2)]
+    assert all(r["backend"] == "gloo" and r["same_group"] for r in records)  # made once, not the default
+    assert records[0]["ranks"] == [records[0]["own"], records[1]["own"]] and records[0]["rank"] is None
+    assert records[1]["ranks"] == [records[1]["own"]] and records[1]["rank"] == 1  # nothing gathered there
