@@ -1,14 +1,21 @@
-"""Exact resume through the CLI: `exgrpo fit` for N steps straight, against N/2 steps and then
-`--ckpt_path last` up to N, on the quickstart config made small enough that questions retire, replay
-starts and epochs end within the run. Compares the two runs' final checkpoints (weights, Adam state, every
-rank's replay buffer and generators, the sampling RNG, the data loader's pass and position, the retired
-questions) and the logged train/reward series, and prints the largest difference of each.
+"""Exact resume of every shipped CPU config as it is, through the CLI: `exgrpo fit --config configs/X.yaml`
+with only `--trainer.max_steps` set (`max_epochs`, validation, logging and checkpoint schedule as shipped),
+S steps straight against a run stopped and then resumed with `--ckpt_path last` up to S:
 
-    python benchmarks/resume_exact.py             # swap and mix, mid-epoch and epoch-end stops, 2-rank DDP
-    python benchmarks/resume_exact.py --cases swap-mid
-    python benchmarks/resume_exact.py --cases mix-end --steps 12   # tiny: a smoke run
+    mid    stopped by max_steps at step 30, in the middle of the first epoch; S = 100
+    end    stopped by max_steps at the first epoch's last step E; S = max(100, E + 20)
+    kill   SIGKILLed right after the first validation's checkpoint (step 50, mid-epoch) is written, and
+           resumed from that checkpoint, the newest complete one; S = 100
 
-Writes benchmarks/results/resume_exact.json.
+Compares the two runs' final checkpoints (weights, Adam state and schedule, the replay buffer and
+generators, the sampling RNG, the loops with the data loader's pass and position, the retired questions,
+the token counters) and the logged train/reward series, and prints the largest difference of each.
+
+    python benchmarks/resume_exact.py                                # every config, every case
+    python benchmarks/resume_exact.py --configs quickstart --cases mid kill
+    python benchmarks/resume_exact.py --configs grpo_baseline --steps 12 --questions 200   # a smoke run
+
+Writes benchmarks/results/resume_exact.json (merged with the cases already there).
 """
 
 from __future__ import annotations
@@ -16,53 +23,93 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 import yaml
+from lightning.pytorch.cli import instantiate_class
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from exgrpo_pl.data import PromptDataModule
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-STEPS = 30
-# name -> (replay mode, devices, where the first run stops: "mid" = step 15, "end" = an epoch's last step)
-CASES = {
-    "swap-mid": ("swap", 1, "mid"),
-    "swap-end": ("swap", 1, "end"),
-    "mix-mid": ("mix", 1, "mid"),
-    "mix-end": ("mix", 1, "end"),
-    "swap-mid-ddp2": ("swap", 2, "mid"),
-}
+CONFIGS = ["quickstart", "quickstart_reasoning", "exgrpo_paper", "exgrpo_seed", "grpo_baseline"]
+CASES = ["mid", "end", "kill"]
+STEPS = 100  # the mid case stops at 30% of it
 
 
-def config(mode: str) -> dict:
-    """configs/quickstart.yaml with 150 questions (4 steps an epoch), replay from the first epoch once 32
-    trajectories are stored, and questions retired after 4 solved rollouts."""
-    cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
-    cfg["trainer"].update(val_check_interval=10, log_every_n_steps=1, max_epochs=-1)
-    replay = next(c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("ReplayCallback"))
-    replay["init_args"].update(mode=mode, replay_start_epoch=0, min_buffer_size=32)
-    replay["init_args"]["buffer"]["init_args"]["bucketer"]["init_args"]["window_size"] = 4
-    cfg["data"]["synthetic"]["init_args"]["num_questions"] = 150
-    return cfg
+def config_path(name: str, workdir: Path, questions: int | None) -> Path:
+    """configs/<name>.yaml, or for a smoke run a copy with that many questions, validating every 4 steps."""
+    path = ROOT / "configs" / f"{name}.yaml"
+    if questions is None:
+        return path
+    cfg = yaml.safe_load(path.read_text())
+    cfg["data"]["synthetic"]["init_args"]["num_questions"] = questions
+    cfg["trainer"]["val_check_interval"] = 4
+    small = workdir / f"{name}.yaml"
+    small.write_text(yaml.safe_dump(cfg))
+    return small
 
 
-def fit(workdir: Path, cfg: dict, steps: int, devices: int, resume: bool) -> None:
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    args = [
+def steps_per_epoch(path: Path) -> int:
+    """Training batches in one epoch of the config's data (its loader's length on one rank)."""
+    data = dict(yaml.safe_load(path.read_text())["data"])
+    synthetic = data.pop("synthetic", None)
+    datamodule = PromptDataModule(synthetic=instantiate_class((), synthetic) if synthetic else None, **data)
+    datamodule.setup("fit")
+    return len(datamodule.train_dataloader())
+
+
+def fit_args(path: Path, workdir: Path, steps: int, resume: bool) -> list[str]:
+    return [
         sys.executable, "-m", "exgrpo_pl.cli", "fit", "--config", str(path), f"--trainer.max_steps={steps}",
         f"--trainer.default_root_dir={workdir}", "--trainer.enable_progress_bar=false",
-        f"--trainer.devices={devices}", *(["--trainer.strategy=ddp"] if devices > 1 else []),
         *(["--ckpt_path=last"] if resume else []),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True)
+
+
+def fit(path: Path, workdir: Path, steps: int, resume: bool = False) -> None:
+    args = fit_args(path, workdir, steps, resume)
+    with open(workdir / "fit.log", "a") as log:
+        done = subprocess.run(args, cwd=workdir, env=_env(), stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"{' '.join(args)} failed (exit {done.returncode}); see {workdir / 'fit.log'}")
+
+
+def fit_killed(path: Path, workdir: Path, steps: int, after_step: int) -> int:
+    """Starts a fit of `steps` steps and SIGKILLs it as soon as the checkpoint of step `after_step` exists
+    (written atomically: once its name exists it is complete), in the middle of the steps after it.
+    Returns the step of the newest checkpoint the kill left."""
+    with open(workdir / "fit.log", "a") as log:
+        process = subprocess.Popen(
+            fit_args(path, workdir, steps, False),
+            cwd=workdir,
+            env=_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        pattern = f"lightning_logs/version_*/checkpoints/*-step={after_step}.ckpt"
+        while not list(workdir.glob(pattern)):
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"the run ended (exit {process.returncode}) before step {after_step}'s save"
+                )
+            time.sleep(0.05)
+        time.sleep(0.5)  # into the next step: nothing of it is saved
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    saved = [p for p in workdir.glob("lightning_logs/version_*/checkpoints/*.ckpt") if not p.is_symlink()]
+    return max(int(p.stem.rsplit("step=", 1)[1]) for p in saved)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONWARNINGS": "ignore"}
 
 
 def versions(workdir: Path) -> list[Path]:
@@ -105,93 +152,121 @@ def largest_differences(a, b, path="") -> dict[str, float]:
     return {path: 0.0 if a == b else 1.0}
 
 
+PARTS = {
+    "weights": "state_dict",
+    "adam_state": "optimizer_states",
+    "lr_schedule": "lr_schedulers",
+    "replay_buffer_and_generators": "replay",
+    "sampling_rng": "sampling_rng",
+    "loops_data_pass_and_position": "loops",
+    "retired_questions": "PromptDataModule",
+    "token_counts": "token_counts",
+}
+
+
 def compare(straight: Path, resumed: Path) -> dict:
     a, b = final_checkpoint(straight), final_checkpoint(resumed)
     for checkpoint in (a, b):  # the replay state only: the checkpoint callback's state names its own folder
         checkpoint["replay"] = _replay_state(checkpoint)
-    parts = {
-        "weights": "state_dict",
-        "adam_state": "optimizer_states",
-        "replay_buffers_and_generators": "replay",
-        "sampling_rng": "sampling_rng",
-        "data_pass_and_position": "loops",
-        "retired_questions": "PromptDataModule",
-    }
     out = {}
-    for name, key in parts.items():
+    for name, key in PARTS.items():
         diffs = largest_differences(a.get(key), b.get(key), key)
         worst = max(diffs.items(), key=lambda kv: kv[1], default=("", 0.0))
         out[name] = {"max_abs_diff": worst[1], "where": worst[0] if worst[1] else ""}
     rewards_a, rewards_b = series(straight, "train/reward"), series(resumed, "train/reward")
     steps = sorted(rewards_b)
     out["train_reward"] = {
-        "resumed_steps": [steps[0], steps[-1]] if steps else [],
+        "resumed_logged_steps": [steps[0], steps[-1]] if steps else [],
         "steps_differing": [s for s in steps if rewards_a.get(s) != rewards_b[s]],
     }
-    buffers = [len(rank["buffer"]["question_id"]) for rank in _replay_state(b)["ranks"]]
-    out["buffer_rows_per_rank"] = buffers
+    replay = b["replay"]
+    out["buffer_rows"] = len(replay["ranks"][0]["buffer"]["question_id"]) if replay else None
+    out["replayed_steps"] = replay["ranks"][0]["replayed_steps"] if replay else None
     out["retired"] = len(b.get("PromptDataModule", {}).get("excluded_question_ids", []))
-    out["replayed_steps"] = [rank["replayed_steps"] for rank in _replay_state(b)["ranks"]]
-    out["exact"] = all(
-        v["max_abs_diff"] == 0 for k, v in out.items() if isinstance(v, dict) and "max_abs_diff" in v
+    out["exact"] = (
+        all(out[name]["max_abs_diff"] == 0 for name in PARTS) and not (out["train_reward"]["steps_differing"])
     )
-    out["exact"] = out["exact"] and not out["train_reward"]["steps_differing"]
     return out
 
 
-def _replay_state(checkpoint: dict) -> dict:
-    return next(v for k, v in checkpoint["callbacks"].items() if "ReplayCallback" in k)
+def _replay_state(checkpoint: dict) -> dict | None:
+    return next((v for k, v in checkpoint["callbacks"].items() if "ReplayCallback" in k), None)
 
 
-def epoch_end_step(version: Path, steps: int) -> int:
-    """The last step of an epoch at or after the middle of the `steps`-step run, from the straight run's
-    logs."""
-    epochs = series(version, "epoch")
-    for step in range(steps // 2, steps):
-        if step in epochs and step + 1 in epochs and epochs[step + 1] > epochs[step]:
-            return step + 1  # steps logged 0-based: global_step step + 1 is the epoch's end
-    raise RuntimeError("no epoch ended in the second half of the run")
+def run_config(name: str, cases: list[str], tmp: Path, steps: int, questions: int | None) -> dict:
+    """The config's cases; the straight run of each horizon is trained once."""
+    work = tmp / name
+    work.mkdir()
+    path = config_path(name, work, questions)
+    epoch = steps_per_epoch(path)
+    mid, kill_after = steps * 3 // 10, yaml.safe_load(path.read_text())["trainer"]["val_check_interval"]
+    straight: dict[int, Path] = {}
+    results = {}
+    for case in cases:
+        horizon = max(steps, epoch + steps // 5) if case == "end" else steps
+        if horizon not in straight:
+            (work / f"straight-{horizon}").mkdir()
+            fit(path, work / f"straight-{horizon}", horizon)
+            straight[horizon] = versions(work / f"straight-{horizon}")[0]
+        split = work / case
+        split.mkdir()
+        started = time.perf_counter()
+        if case == "kill":
+            stop = fit_killed(path, split, horizon, kill_after)
+        else:
+            stop = mid if case == "mid" else epoch
+            fit(path, split, stop)
+        fit(path, split, horizon, resume=True)
+        results[f"{name}/{case}"] = {
+            "config": f"configs/{name}.yaml" if questions is None else f"{name} with {questions} questions",
+            "case": case,
+            "steps": horizon,
+            "steps_per_epoch": epoch,
+            "resumed_from_step": stop,
+            "split_seconds": round(time.perf_counter() - started, 1),
+            **compare(straight[horizon], versions(split)[-1]),
+        }
+        r = results[f"{name}/{case}"]
+        print(
+            f"{name:21s} {case:4s} {stop:3d} -> {horizon:3d}: exact={r['exact']}"
+            f"  weights {r['weights']['max_abs_diff']:.3g}  adam {r['adam_state']['max_abs_diff']:.3g}"
+            f"  buffer rows {r['buffer_rows']}  replayed {r['replayed_steps']}  retired {r['retired']}"
+            f"  reward steps differing {r['train_reward']['steps_differing']}",
+            flush=True,
+        )
+    return results
 
 
-def run_case(name: str, tmp: Path, steps: int = STEPS) -> dict:
-    mode, devices, stop = CASES[name]
-    cfg = config(mode)
-    straight_dir, split_dir = tmp / f"{name}-straight", tmp / f"{name}-split"
-    straight_dir.mkdir()
-    split_dir.mkdir()
-    fit(straight_dir, cfg, steps, devices, resume=False)
-    (straight,) = versions(straight_dir)
-    at = steps // 2 if stop == "mid" else epoch_end_step(straight, steps)
-    fit(split_dir, cfg, at, devices, resume=False)
-    fit(split_dir, cfg, steps, devices, resume=True)
-    resumed = versions(split_dir)[-1]
-    return {"mode": mode, "devices": devices, "stopped_at": at, **compare(straight, resumed)}
+def code_version() -> str:
+    """The commit the package came from, with "+changes" when its code or the configs differ from it."""
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    watched = ["exgrpo_pl", "callbacks", "configs", "benchmarks/resume_exact.py"]
+    changed = subprocess.run([*git, "status", "--porcelain", *watched], capture_output=True, text=True).stdout
+    return commit.strip() + ("+changes" if changed.strip() else "")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
-    parser.add_argument("--steps", type=int, default=STEPS, help="steps of the straight run")
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=CONFIGS)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=CASES)
+    parser.add_argument("--steps", type=int, default=STEPS, help="horizon of the mid and kill cases")
+    parser.add_argument("--questions", type=int, help="smoke runs: this many questions, validation every 4")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.cases:
-            results[name] = run_case(name, Path(tmp), args.steps)
-            r = results[name]
-            print(
-                f"{name:14s} stop {r['stopped_at']:2d}: exact={r['exact']}"
-                f"  weights {r['weights']['max_abs_diff']:.3g}  adam {r['adam_state']['max_abs_diff']:.3g}"
-                f"  buffers {r['buffer_rows_per_rank']}  retired {r['retired']}"
-                f"  replayed {r['replayed_steps']}"
-                f"  reward steps differing {r['train_reward']['steps_differing']}",
-                flush=True,
-            )
+        for name in args.configs:
+            results.update(run_config(name, args.cases, Path(tmp), args.steps, args.questions))
+    version = code_version()
+    for result in results.values():
+        result["code"] = version
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "resume_exact.json"
     previous = json.loads(out.read_text()) if out.exists() else {}
-    out.write_text(json.dumps({**previous, **results}, indent=1))
+    kept = {key: value for key, value in previous.items() if "/" in key}  # this benchmark's cases
+    out.write_text(json.dumps({**kept, **results}, indent=1))
     print(f"wrote {out}")
 
 

@@ -156,14 +156,15 @@ def test_reward_timeout_benchmark(bench, capsys):
 
 
 def test_resume_exact_benchmark(bench):
-    result = json.loads(
-        (bench("resume_exact", "--cases", "mix-end", "--steps", "12") / "resume_exact.json").read_text()
-    )
-    case = result["mix-end"]
-    assert case["exact"], case
-    assert 6 <= case["stopped_at"] < 12 and case["train_reward"]["resumed_steps"] == [case["stopped_at"], 11]
-    # a meaningful resume: experience stored, questions retired and replay steps taken by the end
-    assert case["buffer_rows_per_rank"][0] > 0 and case["retired"] > 0 and case["replayed_steps"][0] > 0
+    args = ("--configs", "quickstart", "--steps", "12", "--questions", "200")  # 5 steps an epoch
+    result = json.loads((bench("resume_exact", *args) / "resume_exact.json").read_text())
+    assert list(result) == ["quickstart/mid", "quickstart/end", "quickstart/kill"]
+    assert all(case["exact"] for case in result.values()), result
+    mid, end, kill = result.values()
+    assert (mid["resumed_from_step"], end["resumed_from_step"], end["steps_per_epoch"]) == (3, 5, 5)
+    assert 4 <= kill["resumed_from_step"] < 12  # the validation checkpoint of step 4, or a later one
+    # a meaningful resume: experience stored and replay steps taken by the end
+    assert end["buffer_rows"] > 0 and end["replayed_steps"] > 0
 
 
 def test_vs_trl_benchmark(bench):
