@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
@@ -58,6 +59,7 @@ class RolloutCollector:
         self.chat_template = chat_template
         self.correct_threshold = correct_threshold
         self.reward_timeout_seconds = reward_timeout_seconds
+        self._clipping_checked = False
 
     def _token_ids(self, prompts: Sequence[str]) -> list[list[int]]:
         if self.chat_template:
@@ -102,6 +104,23 @@ class RolloutCollector:
             f"{self.max_prompt_length} (truncate_prompts: true keeps the end): {prompt[:60]!r}"
         )
 
+    def _check_clipping(self, truncated: Tensor, sampling: SamplingConfig) -> None:
+        """Warn once, on the first batch, when most completions ran out of budget without a stop token.
+
+        That is what a missing stop token looks like (a chat model's end-of-turn token, say): completions
+        run on to the budget and are scored on whatever the model wrote after its answer.
+        """
+        if self._clipping_checked:
+            return
+        self._clipping_checked = True
+        clipped = float(truncated.float().mean()) if truncated.numel() else 0.0
+        if clipped > 0.5:
+            rank_zero_warn(
+                f"{clipped:.0%} of the first batch's completions reached max_completion_length="
+                f"{sampling.max_new_tokens} without a stop token (stop ids {list(sampling.eos_token_ids)}); "
+                "if the model ends its answers with another token, add its id to the module's stop_token_ids"
+            )
+
     def collect(
         self,
         engine: RolloutEngine,
@@ -129,6 +148,7 @@ class RolloutCollector:
             out = engine.generate(prompt_ids, prompt_mask, sampling)
         metrics = {"timing/generation": time.perf_counter() - started}
         metrics["generated_tokens"] = float(out.mask.sum())
+        self._check_clipping(out.truncated, sampling)
 
         started = time.perf_counter()
         completions = self.tokenizer.batch_decode(out.ids, skip_special_tokens=True)

@@ -15,10 +15,18 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
+from jinja2 import TemplateError
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+)
 
 EMBEDDED_PREFIX = "embedded:"
 ASSETS = Path(__file__).parent / "assets"
@@ -128,6 +136,66 @@ def load_tokenizer(model_name_or_path: str):
         warnings.warn(f"tokenizer of {model_name_or_path!r} has no pad token; using EOS as pad", stacklevel=2)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def completion_stop_ids(
+    tokenizer, model_name_or_path: str, extra: Sequence[int] = (), chat_template: bool = False
+) -> list[int]:
+    """Every token id that ends a completion, the tokenizer's EOS first.
+
+    The union of the tokenizer's EOS, the model's generation config's `eos_token_id` (an int or a list:
+    Qwen lists `<|endoftext|>` and `<|im_end|>`), the chat template's end-of-turn token when prompts are
+    wrapped in the template (`end_of_turn_id`), and `extra` (the module's `stop_token_ids`).
+
+    Raises:
+        ValueError: for an `extra` id outside the vocabulary, or when no id at all would end a completion.
+    """
+    vocabulary = len(tokenizer)
+    bad = [i for i in extra if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocabulary]
+    if bad:
+        raise ValueError(f"stop_token_ids={list(extra)!r}: {bad} are not token ids in [0, {vocabulary})")
+    ids = [tokenizer.eos_token_id, *_generation_config_eos(model_name_or_path)]
+    if chat_template:
+        ids.append(end_of_turn_id(tokenizer))
+    ids = list(dict.fromkeys(i for i in [*ids, *extra] if i is not None))
+    if not ids:
+        raise ValueError(
+            f"nothing ends a completion of {model_name_or_path!r}: its tokenizer and generation config name "
+            "no EOS token; set stop_token_ids"
+        )
+    return ids
+
+
+def _generation_config_eos(model_name_or_path: str) -> list[int]:
+    """The `eos_token_id` of the model's generation_config.json, as a list; [] without one."""
+    try:
+        config = GenerationConfig.from_pretrained(resolve_model_path(model_name_or_path))
+    except OSError:  # the checkpoint has no generation_config.json
+        return []
+    eos = config.eos_token_id
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+def end_of_turn_id(tokenizer) -> int | None:
+    """The special token the chat template writes right after an assistant message, if any.
+
+    Found by rendering a conversation whose assistant turn is a marker and reading the first token after it
+    (`<|im_end|>` for Qwen, `<|eot_id|>` for Llama 3). None when that is not a special token (a template that
+    ends turns with plain text, or only with EOS) or the template cannot render an assistant turn.
+    """
+    marker = "EXGRPO_END_OF_TURN_PROBE"
+    conversation = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": marker}]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    except TemplateError:
+        return None
+    after = text[text.rfind(marker) + len(marker) :] if marker in text else ""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"]
+    if not ids:
+        return None
+    added = tokenizer.added_tokens_decoder.get(ids[0])
+    special = ids[0] in tokenizer.all_special_ids or (added is not None and added.special)
+    return ids[0] if special else None
 
 
 def load_policy(

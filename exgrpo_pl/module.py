@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import get_scheduler
+from typing_extensions import override
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.collect import RolloutCollector
@@ -31,7 +32,7 @@ from exgrpo_pl.logging_steps import step_metrics, writes_step_metrics
 from exgrpo_pl.logprobs import DEFAULT_CHUNK_ELEMENTS
 from exgrpo_pl.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
 from exgrpo_pl.mixin import ReplayMixin
-from exgrpo_pl.models import DTYPES, load_policy, load_tokenizer, lora_config
+from exgrpo_pl.models import DTYPES, completion_stop_ids, load_policy, load_tokenizer, lora_config
 from exgrpo_pl.resume import (
     estimated_stepping_batches,
     restore_rng_states,
@@ -95,6 +96,8 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         val_num_generations: completions sampled per validation prompt; pass@1 is their mean correctness.
         validate_at_start: measure validation pass@1 once before the first update (logged at step 0).
         chat_template: wrap each prompt as a user message with the tokenizer's chat template.
+        stop_token_ids: token ids that end a completion besides the tokenizer's EOS, the generation config's
+            `eos_token_id` and (with `chat_template`) the template's end-of-turn token, which always do.
         dtype: parameter dtype of the policy ("float32", "bfloat16", "float16").
         attn_implementation: attention kernel passed to `from_pretrained`.
         gradient_checkpointing: recompute activations in backward to save memory.
@@ -141,6 +144,7 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         val_num_generations: int = 1,
         validate_at_start: bool = False,
         chat_template: bool = False,
+        stop_token_ids: list[int] | None = None,
         dtype: str = "float32",
         attn_implementation: str | None = None,
         gradient_checkpointing: bool = False,
@@ -168,8 +172,9 @@ class ExGRPOModule(ReplayMixin, LightningModule):
             reward_timeout_seconds=reward_timeout_seconds,
         )  # fmt: skip
         self.lora_config = lora_config(lora) if lora else None
-        eos = self.tokenizer.eos_token_id
-        self.eos_token_ids = eos if isinstance(eos, list) else [eos]
+        self.eos_token_ids = completion_stop_ids(
+            self.tokenizer, model_name_or_path, stop_token_ids or (), chat_template
+        )
         self.policy = self.reference = self.engine = None
         self.val_pass_at_1 = MeanMetric()
         self.test_pass_at_1 = MeanMetric()
@@ -248,12 +253,36 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         self._log_step(*self._step_record)
 
     def _collect(self, plan: RolloutPlan, temperature: float) -> tuple[RolloutBatch, dict[str, float]]:
+        sampling = self._sampling(temperature)
+        return self.collector.collect(self.engine, plan, sampling, self.global_step, self.device)
+
+    def _sampling(self, temperature: float) -> SamplingConfig:
         hp = self.hparams
-        sampling = SamplingConfig(
+        return SamplingConfig(
             hp.max_completion_length, temperature, hp.top_p, self.tokenizer.pad_token_id,
             tuple(self.eos_token_ids),
         )  # fmt: skip
-        return self.collector.collect(self.engine, plan, sampling, self.global_step, self.device)
+
+    @override
+    def on_fit_start(self) -> None:
+        """Warm the rollout engine up (compile, allocate) on the run's widest training and validation calls.
+
+        A compiling engine then does it here, timed, rather than inside the first step; prompt widths a run
+        meets below `max_prompt_length` may still add a shape later.
+        """
+        data = self.trainer.datamodule
+        if not isinstance(data, PromptDataModule):  # batch sizes unknown: the first calls compile
+            return
+        hp = self.hparams
+        val_temperature = hp.temperature if hp.val_temperature is None else hp.val_temperature
+        calls = [(data.hparams.batch_size * self.num_generations, hp.max_prompt_length, hp.temperature)]
+        if data.val_rows:
+            val_rows = (data.hparams.val_batch_size or data.hparams.batch_size) * hp.val_num_generations
+            calls.append((val_rows, hp.max_prompt_length, val_temperature))
+        started = time.perf_counter()
+        self.engine.warm_up([(rows, width, self._sampling(t)) for rows, width, t in calls])
+        seconds = time.perf_counter() - started
+        rank_zero_info(f"rollout engine {hp.rollout_engine!r} warmed up in {seconds:.1f} s")
 
     # --------------------------------------------------------------------------------- logging
     def _log_step(self, rollouts: RolloutBatch, stats: dict, timings: dict, step_time: float) -> None:

@@ -1,5 +1,7 @@
 """RolloutCollector: prompts of a plan -> engine -> decoded, scored rows in plan order."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -65,3 +67,36 @@ def test_prompt_lengths_are_checked_for_a_whole_dataset_before_training():
         collector.check_prompt_lengths(rows, "training data")
     collector.truncate_prompts = True
     collector.check_prompt_lengths(rows, "training data")
+
+
+class ClippingEngine(ScriptedEngine):
+    """A scripted engine whose rows are flagged as having run out of budget where `clipped` says."""
+
+    def __init__(self, answers, clipped):
+        super().__init__(answers)
+        self.clipped = clipped
+
+    def generate(self, prompt_ids, prompt_mask, sampling):
+        out = super().generate(prompt_ids, prompt_mask, sampling)
+        out.truncated = torch.tensor(self.clipped)
+        return out
+
+
+@pytest.mark.parametrize(
+    "clipped, warns", [([True, True, True, False], True), ([True, True, False, False], False)]
+)
+def test_a_first_batch_mostly_clipped_warns_once_naming_the_stop_ids(clipped, warns):
+    collector = RolloutCollector(TOKENIZER, [ArithmeticReward()], max_prompt_length=8)
+    engine = ClippingEngine(["3"] * 8, clipped)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        collector.collect(engine, plan_rollouts(make_batch(), 2), SAMPLING)
+        engine.clipped = [True] * 4
+        collector.collect(engine, plan_rollouts(make_batch(), 2), SAMPLING)  # not the first batch: silent
+    messages = [str(w.message) for w in caught if "without a stop token" in str(w.message)]
+    if warns:
+        assert len(messages) == 1
+        assert "75% of the first batch" in messages[0] and "stop ids [2]" in messages[0]
+        assert "stop_token_ids" in messages[0]
+    else:
+        assert messages == []

@@ -4,14 +4,18 @@ An engine turns left-padded prompt ids into completions. `ExGRPOModule` builds o
 (`rollout_engine: hf | static`), calls `generate` for training and validation rollouts, and calls
 `weights_changed` after every optimizer step; nothing else in the library knows which engine runs. An engine
 that samples with the policy's own parameters (both shipped ones) has nothing to do on a weight change; one
-that holds a copy of the weights (a colocated vLLM, say) reloads them there.
+that holds a copy of the weights (a colocated vLLM, say) reloads them there. Before training, the module
+calls `warm_up` with the calls the run will make, so that an engine that compiles does it then.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 
@@ -65,3 +69,28 @@ class RolloutEngine(Protocol):
     def weights_changed(self) -> None:
         """The policy's weights were just updated (after each optimizer step)."""
         ...
+
+    def warm_up(self, calls: Sequence[tuple[int, int, SamplingConfig]]) -> None:
+        """Before training: prepare for calls of `(rows, prompt width, sampling)` (compile, allocate)."""
+        ...
+
+
+@contextmanager
+def generation_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Run the policy as a sampler: eval mode, no autograd, and tensors that outlive inference mode.
+
+    - Eval mode: a transformers layer with gradient checkpointing on drops the KV cache whenever it runs
+      in train mode (transformers < 5 checks `self.training` only), and dropout has no place in sampling.
+      Rollouts come out the same in train and eval phases, and a compiled engine needs one graph for both.
+    - `inference_mode(False)`: Lightning validates under `torch.inference_mode`; an engine's buffers made
+      there would be inference tensors, which the next training call could not update in place.
+    The modules' train/eval flags are restored afterwards, each as it was.
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            yield
+    finally:
+        for module, training in modes:
+            module.training = training

@@ -8,9 +8,11 @@ dozens of small kernels per token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import Tensor
 
-from exgrpo_pl.engines.base import Completions, SamplingConfig
+from exgrpo_pl.engines.base import Completions, SamplingConfig, generation_mode
 from exgrpo_pl.rollout import sample_completions
 
 
@@ -28,18 +30,22 @@ class HFEngine:
         self.sharded = sharded
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Completions:
-        ids, mask, truncated = sample_completions(
-            self.model,
-            prompt_ids,
-            prompt_mask,
-            max_new_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            pad_token_id=sampling.pad_token_id,
-            eos_token_ids=list(sampling.eos_token_ids),
-            synced_gpus=self.sharded,
-        )
+        with generation_mode(self.model):
+            ids, mask, truncated = sample_completions(
+                self.model,
+                prompt_ids,
+                prompt_mask,
+                max_new_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                pad_token_id=sampling.pad_token_id,
+                eos_token_ids=list(sampling.eos_token_ids),
+                synced_gpus=self.sharded,
+            )
         return Completions(ids, mask, truncated)
 
     def weights_changed(self) -> None:
         """Nothing to do: `generate` runs on the policy's own parameters."""
+
+    def warm_up(self, calls: Sequence[tuple[int, int, SamplingConfig]]) -> None:
+        """Nothing to do: `model.generate` compiles nothing and allocates per call."""

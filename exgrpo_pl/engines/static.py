@@ -14,15 +14,20 @@ place is seen by the next call (a CUDA graph reads the parameters where they liv
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import torch
 import transformers
 from torch import Tensor
 from transformers import StaticCache
 
-from exgrpo_pl.engines.base import Completions, SamplingConfig
+from exgrpo_pl.engines.base import Completions, SamplingConfig, generation_mode
 from exgrpo_pl.rollout import position_ids_from_mask
+
+ATTENTION_BACKENDS = ("sdpa", "eager")
+"""Attention implementations the engine accepts: those its tests compare token for token with `hf`."""
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Default row counts a batch is padded up to (steps of 1.5x keep the padding under a third)."""
@@ -51,21 +56,64 @@ def _check_buckets(name: str, buckets) -> tuple[int, ...]:
     return buckets
 
 
+def _meta_cache(config, rows: int, length: int, dtype: torch.dtype) -> StaticCache:
+    """A `StaticCache` of `rows` x `length` slots laid out on the meta device: shapes, no memory."""
+    text = config.get_text_config(decoder=True)
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    cache = StaticCache(config=config, max_cache_len=length)
+    cache.early_initialization(rows, heads, head_dim, dtype, torch.device("meta"))
+    return cache
+
+
+def _kv_numel(cache: StaticCache) -> int:
+    """Elements of every layer's keys and values."""
+    return sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers)
+
+
+def _place(cache: StaticCache, arena: Tensor) -> None:
+    """Make a meta-laid-out cache real: its keys and values become consecutive views of the flat `arena`.
+
+    Every bucket's cache starts at the arena's first element, so all buckets share one allocation, the size
+    of the largest; calls never overlap, and each zeroes its part first (`load`). A view keeps the arena's
+    address, so a CUDA graph recorded on it stays valid.
+    """
+    offset = 0
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            shape = getattr(layer, name).shape
+            view = arena[offset : offset + shape.numel()].view(shape)
+            offset += shape.numel()
+            setattr(layer, name, view)
+            torch._dynamo.mark_static_address(view)
+        layer.device = arena.device
+        layer.cumulative_length = torch.zeros((), dtype=torch.long, device=arena.device)
+        torch._dynamo.mark_static_address(layer.cumulative_length)
+        left = [key for key, value in vars(layer).items() if isinstance(value, Tensor) and value.is_meta]
+        if left:
+            raise ValueError(
+                f"rollout_engine='static' does not know the cache layer {type(layer).__name__} "
+                f"(state {left}); use rollout_engine='hf'"
+            )
+
+
 class _Bucket:
     """What one generation shape keeps between calls: the KV cache and every buffer the compiled step touches.
 
     The buffers are allocated once and marked as static addresses, so a CUDA graph recorded on them stays
-    valid; each call copies its inputs into them in place.
+    valid; each call copies its inputs into them in place. The cache's keys and values are views of the
+    engine's arena (`_place`).
     """
 
-    def __init__(self, config, rows: int, length: int, device: torch.device) -> None:
+    def __init__(self, cache: StaticCache, rows: int, length: int, device: torch.device) -> None:
         self.rows, self.length = rows, length
-        self.cache = StaticCache(config=config, max_cache_len=length)
+        self.cache = cache
         self.attention_mask = torch.zeros(rows, length, dtype=torch.bool, device=device)  # [R, L]
         self.tokens = torch.zeros(rows, length, dtype=torch.long, device=device)  # [R, L] completion columns
         self.logps = torch.zeros(rows, length, dtype=torch.float32, device=device)  # [R, L]
         self.last = torch.zeros(rows, 1, dtype=torch.long, device=device)  # [R, 1] token the next step feeds
         self.position = torch.zeros(rows, 1, dtype=torch.long, device=device)  # [R, 1] its position id
+        self.slot = torch.zeros((), dtype=torch.long, device=device)  # the cache slot the next step writes
         self.finished = torch.zeros(rows, dtype=torch.bool, device=device)  # [R] an EOS was written
         self.step = torch.zeros((), dtype=torch.long, device=device)  # next completion column
         self.temperature = torch.ones((), dtype=torch.float32, device=device)
@@ -77,16 +125,22 @@ class _Bucket:
 
     def _buffers(self) -> list[Tensor]:
         return [
-            self.attention_mask, self.tokens, self.logps, self.last, self.position, self.finished, self.step,
-            self.temperature, self.top_p, self.pad, self.eos,
+            self.attention_mask, self.tokens, self.logps, self.last, self.position, self.slot, self.finished,
+            self.step, self.temperature, self.top_p, self.pad, self.eos,
         ]  # fmt: skip
 
     def load(self, prompt_mask: Tensor, sampling: SamplingConfig) -> None:
-        """Reset for a new call of `[R, P]` (padded) prompts."""
+        """Reset for a new call of `[R, P]` (padded) prompts.
+
+        The attention mask is exact: the prompt's own mask, then each cache slot marked valid by the step
+        that writes it (`_decode_step`). Slots not written yet are never attended to, whether or not the
+        attention kernel applies a causal rule to a one-token query (flash attention does not).
+        """
         self.cache.reset()
         width = prompt_mask.shape[1]
+        self.attention_mask.zero_()
         self.attention_mask[:, :width].copy_(prompt_mask)
-        self.attention_mask[:, width:] = True  # the causal mask hides the slots not written yet
+        self.slot.fill_(width)
         self.tokens.zero_()
         self.logps.zero_()
         self.position.copy_(prompt_mask.sum(1, keepdim=True))  # the first completion token's position
@@ -146,6 +200,8 @@ def _pick(logits: Tensor, state: _Bucket, greedy: bool, nucleus: bool) -> None:
 
 def _decode_step(model, state: _Bucket, greedy: bool, nucleus: bool) -> None:
     """Feed each row's last token through the static cache and pick the next one (what gets compiled)."""
+    state.attention_mask.index_fill_(1, state.slot.view(1), True)  # the slot this step writes
+    state.slot.add_(1)
     logits = model(
         input_ids=state.last,
         attention_mask=state.attention_mask,
@@ -160,9 +216,13 @@ def _decode_step(model, state: _Bucket, greedy: bool, nucleus: bool) -> None:
 class StaticCacheEngine:
     """Rollouts from a static KV cache and a compiled decode step (see the module docstring).
 
+    Memory: every bucket's KV cache is a view of one arena, the size of the largest bucket used so far; it
+    stays allocated between calls (a CUDA graph records its address), and grows, freeing the old one, only
+    when a larger shape comes. `warm_up` with the run's largest call sizes it once, before training.
+
     Args:
         model: the policy: a transformers causal LM whose cache can be a `StaticCache` (Llama, Qwen2, Mistral,
-            ...), or a peft model around one.
+            ...), or a peft model around one; its attention is "sdpa" or "eager" (`ATTENTION_BACKENDS`).
         sharded: the parameters are sharded across ranks (ZeRO-3, FSDP); refused, use the `hf` engine.
         compile: compile the decode step with `torch.compile`. None: on CUDA only (on a CPU, compiling the
             step does not pay for itself: see benchmarks/generation.py).
@@ -172,8 +232,9 @@ class StaticCacheEngine:
             dropped); past the largest, a multiple of it.
         length_buckets: KV-cache lengths (prompt width + budget) rounded up the same way. Every decode step
             attends over the whole cache, so coarser buckets cost attention reads as well as memory; finer
-            ones cost a compilation (and a cache) each.
-        max_buckets: shapes kept allocated at once; the least recently used is freed past this.
+            ones cost a compilation each.
+        max_buckets: shapes whose buffers and compiled graphs are kept at once; the least recently used is
+            dropped past this (its KV cache is a view of the shared arena and frees nothing).
         stop_check_interval: decode steps between two checks that every row has written an EOS. A check
             waits for the device (the host stops queueing steps), so it is not done every step; at most this
             many - 1 steps run after the last row finished, and are discarded.
@@ -196,33 +257,38 @@ class StaticCacheEngine:
                 "rollout_engine='static' runs on the policy's own unsharded parameters; under ZeRO-3/FSDP "
                 "they are sharded, so use rollout_engine='hf' (it gathers them at every forward)"
             )
-        if int(transformers.__version__.split(".")[0]) < 5:
-            raise ValueError(
-                f"rollout_engine='static' needs transformers >= 5 (the `cache=` forward argument); found "
-                f"{transformers.__version__}: use rollout_engine='hf'"
-            )
         if max_buckets < 1 or stop_check_interval < 1:
             raise ValueError(
                 f"max_buckets={max_buckets}, stop_check_interval={stop_check_interval}: want >= 1"
             )
-        self.model = model
-        self.compile = compile
-        self.compile_mode = compile_mode
         self.row_buckets = _check_buckets("row_buckets", row_buckets)
         self.length_buckets = _check_buckets("length_buckets", length_buckets)
+        self.model = model
+        _check_policy(self._base_model())
+        self.compile = compile
+        self.compile_mode = compile_mode
         self.max_buckets = max_buckets
         self.stop_check_interval = stop_check_interval
         self.allocations = 0
-        """Buckets allocated so far (a repeat shape reuses its bucket and allocates nothing)."""
+        """Buckets set up so far (a repeat shape reuses its bucket and sets up nothing)."""
         self._buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
+        self._arena: Tensor | None = None  # [K] flat: every bucket's keys and values are views of it
         self._compiled = {}
+
+    def _base_model(self):
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of KV cache held now: the arena, whatever the number of buckets."""
+        return 0 if self._arena is None else self._arena.numel() * self._arena.element_size()
 
     def _step_function(self, device: torch.device):
         """The decode step for `device`: compiled (once per engine and mode) or eager."""
         compile = self.compile if self.compile is not None else device.type == "cuda"
         if not compile:
             return _decode_step
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        base = self._base_model()
         if not getattr(base, "_can_compile_fullgraph", False):
             raise ValueError(
                 f"rollout_engine='static' with compile: {type(base).__name__} does not declare full-graph "
@@ -238,22 +304,58 @@ class StaticCacheEngine:
         if key in self._buckets:
             self._buckets.move_to_end(key)
             return self._buckets[key]
+        cache = _meta_cache(self.model.config, rows, length, dtype)
+        needed = _kv_numel(cache)
+        arena = self._arena
+        if arena is None or arena.numel() < needed or arena.device != device or arena.dtype != dtype:
+            self._buckets.clear()  # views of the arena being replaced
+            self._arena = None  # freed before its successor is allocated
+            self._arena = torch.zeros(needed, dtype=dtype, device=device)
         while len(self._buckets) >= self.max_buckets:
             self._buckets.popitem(last=False)
-        self._buckets[key] = _Bucket(self.model.config, rows, length, device)
+        _place(cache, self._arena)
+        self._buckets[key] = _Bucket(cache, rows, length, device)
         self.allocations += 1
         return self._buckets[key]
 
-    @torch.no_grad()
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Completions:
         """Completions of `[N, P]` left-padded `prompt_ids` (`prompt_mask` bool), one per row."""
+        with generation_mode(self.model):
+            state = self._run(prompt_ids, prompt_mask, sampling, sampling.max_new_tokens)
+            return self._completions(state, prompt_ids.shape[0])
+
+    def warm_up(self, calls: Sequence[tuple[int, int, SamplingConfig]]) -> None:
+        """Set up the bucket of each `(rows, prompt width, sampling)` call and compile its step variant.
+
+        Each runs a prefill and three decode steps on dummy prompts (a CUDA graph is recorded on the second
+        call of a compiled step and replayed from the third), largest KV cache first, so the arena is
+        allocated once, at its final size.
+        """
+        parameter = next(self.model.parameters())
+
+        def kv_size(call):
+            rows, width, sampling = call
+            return bucket_size(rows, self.row_buckets) * bucket_size(
+                width + sampling.max_new_tokens, self.length_buckets
+            )
+
+        with generation_mode(self.model):
+            for rows, width, sampling in sorted(calls, key=kv_size, reverse=True):
+                ids = torch.full((rows, width), sampling.pad_token_id, device=parameter.device)
+                mask = torch.ones_like(ids, dtype=torch.bool)
+                self._run(ids, mask, sampling, steps=min(4, sampling.max_new_tokens))
+
+    def _run(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig, steps: int) -> _Bucket:
+        """Prefill and `steps` - 1 decode steps (fewer once every row is done) in the call's bucket."""
         parameter = next(self.model.parameters())
         device = parameter.device
         rows, width = prompt_ids.shape
-        budget = sampling.max_new_tokens
         padded_rows = bucket_size(rows, self.row_buckets)
         state = self._bucket(
-            padded_rows, bucket_size(width + budget, self.length_buckets), device, parameter.dtype
+            padded_rows,
+            bucket_size(width + sampling.max_new_tokens, self.length_buckets),
+            device,
+            parameter.dtype,
         )
         source = torch.arange(padded_rows, device=device) % rows  # padding rows copy real prompts
         prompt_ids = prompt_ids.to(device)[source]  # [R, P]
@@ -272,18 +374,18 @@ class StaticCacheEngine:
             logits_to_keep=1,
         ).logits[:, -1]  # [R, V]
         _pick(logits.float(), state, greedy, nucleus)
-        # One graph per bucket and variant (greedy / sampled / nucleus, train / eval mode): more than dynamo's
-        # default of 8 per function before it gives up and runs the step eagerly.
+        # One graph per bucket and variant (greedy / sampled / nucleus): more than dynamo's default of 8 per
+        # function before it gives up and runs the step eagerly.
         limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
         graphs_allowed = max(getattr(torch._dynamo.config, limit), 8 * self.max_buckets)
         with torch._dynamo.config.patch(**{limit: graphs_allowed}):
-            for done in range(1, budget):
+            for done in range(1, steps):
                 if done % self.stop_check_interval == 0 and bool(state.finished.all()):
                     break
                 if cuda_graphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 step(self.model, state, greedy, nucleus)
-        return self._completions(state, rows)
+        return state
 
     @staticmethod
     def _completions(state: _Bucket, rows: int) -> Completions:
@@ -303,3 +405,20 @@ class StaticCacheEngine:
 
     def weights_changed(self) -> None:
         """Nothing to do: every step reads the policy's parameters where the optimizer updates them."""
+
+
+def _check_policy(base) -> None:
+    """ValueError unless the engine can run `base`: a forward taking `cache=`, a tested attention backend."""
+    if "cache" not in inspect.signature(base.forward).parameters:
+        raise ValueError(
+            f"rollout_engine='static' needs a forward that takes `cache=` (transformers 5); "
+            f"{type(base).__name__}.forward under transformers {transformers.__version__} does not: "
+            "use rollout_engine='hf'"
+        )
+    attention = getattr(base.config, "_attn_implementation", None)
+    if attention not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"rollout_engine='static' runs with attn_implementation {' or '.join(ATTENTION_BACKENDS)} (the "
+            f"backends its tests check token for token against 'hf'); the policy uses {attention!r}: set "
+            "model.attn_implementation: sdpa, or use rollout_engine='hf'"
+        )

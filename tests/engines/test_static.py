@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from exgrpo_pl.data import ArithmeticTask
 from exgrpo_pl.engines import ENGINES, HFEngine, SamplingConfig, StaticCacheEngine, build_engine
-from exgrpo_pl.engines.static import _Bucket, _nucleus, _pick, bucket_size
+from exgrpo_pl.engines.static import _Bucket, _kv_numel, _meta_cache, _nucleus, _pick, _place, bucket_size
 from exgrpo_pl.models import load_policy, load_tokenizer
 from exgrpo_pl.rollout import completion_logps, completion_mask_from_ids
 
@@ -176,7 +176,9 @@ def test_lora_policy(embedded):
 def test_the_sampler_draws_from_softmax_over_temperature(tiny):
     """First tokens of 4096 rows on fixed logits: frequencies match softmax(logits / T) (and the cut)."""
     rows = 4096
-    state = _Bucket(tiny[0].config, rows, 4, torch.device("cpu"))
+    cache = _meta_cache(tiny[0].config, rows, 4, torch.float32)
+    _place(cache, torch.zeros(_kv_numel(cache)))
+    state = _Bucket(cache, rows, 4, torch.device("cpu"))
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 3.0]).expand(rows, 5)
     for top_p, kept in ((1.0, 5), (0.8, 3)):  # 0.8: the two least likely (mass 0.10) go
         state.load(torch.ones(rows, 1, dtype=torch.bool), SamplingConfig(2, 1.5, top_p, PAD, (9,)))
@@ -241,3 +243,70 @@ def test_compiled_step_on_a_lora_policy_in_train_mode(embedded):
     policy = lora_policy().train()  # as during training
     got = StaticCacheEngine(policy, compile=True).generate(ids, mask, sampling(8))
     assert_same_completions(HFEngine(policy).generate(ids, mask, sampling(8)), got)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_tokens_and_logps_equal_hf_under_each_accepted_attention_backend(
+    tiny_model_dir, attention, temperature
+):
+    """Greedy tokens equal `hf`'s; sampled ones carry the log-probs the training forward computes."""
+    model = load_policy(tiny_model_dir, attn_implementation=attention)
+    assert model.config._attn_implementation == attention
+    generator = torch.Generator().manual_seed(1)
+    mask = torch.arange(6) >= torch.tensor([[0], [2], [3], [1], [4]])
+    ids = torch.randint(3, 16, (5, 6), generator=generator).masked_fill(~mask, PAD)
+    torch.manual_seed(0)
+    got = StaticCacheEngine(model, compile=False).generate(ids, mask, sampling(12, temperature))
+    assert_consistent(got)
+    if temperature == 0:
+        assert_same_completions(HFEngine(model).generate(ids, mask, sampling(12)), got)
+    else:
+        scored, _ = completion_logps(model, ids, mask, got.ids, got.mask, temperature, with_entropy=False)
+        assert torch.allclose(got.logps[got.mask], scored[got.mask], atol=1e-5)
+
+
+def test_the_attention_mask_marks_exactly_the_written_slots(tiny):
+    """Prompt slots as the prompt's mask says, then one more valid slot per decode step; none beyond."""
+    model, ids, mask = tiny
+    engine = StaticCacheEngine(model, compile=False, stop_check_interval=100)
+    engine.generate(ids, mask, sampling(5))
+    (state,) = engine._buckets.values()
+    width = ids.shape[1]
+    assert torch.equal(state.attention_mask[:5, :width], mask)
+    assert state.attention_mask[:, width : width + 4].all()  # the 4 tokens fed back after the first
+    assert not state.attention_mask[:, width + 4 :].any()
+
+
+@pytest.mark.parametrize("attention", ["flash_attention_2", "flex_attention"])
+def test_other_attention_backends_are_refused_naming_the_fix(tiny, attention):
+    model = tiny[0]
+    model.config._attn_implementation = attention
+    try:
+        with pytest.raises(
+            ValueError, match="set model.attn_implementation: sdpa, or use rollout_engine='hf'"
+        ):
+            StaticCacheEngine(model, compile=False)
+    finally:
+        model.config._attn_implementation = "sdpa"
+
+
+def test_every_bucket_shares_one_kv_arena_sized_by_the_warm_up(tiny):
+    """The warm-up allocates the arena for the largest call; later buckets are views of it (no growth), and
+    their completions are those of a fresh engine."""
+    model, ids, mask = tiny
+    engine = StaticCacheEngine(model, compile=False, row_buckets=(2, 8), length_buckets=(16, 32))
+    engine.warm_up([(3, 6, sampling(4)), (5, 6, sampling(20))])  # 2 x 16 and 8 x 32 slots
+    config = model.config
+    slot_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * 4 * (config.hidden_size // 4)
+    assert engine.cache_bytes == 8 * 32 * slot_bytes and engine.allocations == 2
+    arena = engine._arena
+    for rows, budget in ((5, 20), (2, 4), (5, 4)):
+        got = engine.generate(ids[:rows], mask[:rows], sampling(budget))
+        expected = StaticCacheEngine(model, compile=False).generate(ids[:rows], mask[:rows], sampling(budget))
+        assert_same_completions(expected, got)
+    assert engine._arena is arena and engine.cache_bytes == 8 * 32 * slot_bytes
+    assert engine.allocations == 3  # 8 x 16 was new; 8 x 32 and 2 x 16 came from the warm-up
+    for bucket in engine._buckets.values():
+        keys = bucket.cache.layers[0].keys
+        assert keys.data_ptr() == arena.data_ptr()
