@@ -30,6 +30,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 # `.<final name>.tmp-<pid>-<8 hex>`: a dot file, so no "*.ckpt" glob and no "last" lookup ever matches it.
 TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
+# Written into a DeepSpeed checkpoint folder once every rank has written its part (`mark_complete`).
+COMPLETE_MARKER = "exgrpo-complete"
 
 
 class NonFiniteCheckpointError(ValueError):
@@ -155,6 +157,23 @@ def link_atomically(target: str, link: str) -> None:
     _fsync_directory(os.path.dirname(os.path.abspath(link)))
 
 
+def mark_complete(folder: str) -> None:
+    """Writes `COMPLETE_MARKER` into a checkpoint folder (temp file, rename, fsync): call it once every rank
+    has finished writing into the folder.
+
+    Args:
+        folder: a local DeepSpeed checkpoint folder.
+    """
+    marker = os.path.join(folder, COMPLETE_MARKER)
+    temp = temp_path(marker)
+    with open(temp, "x") as file:
+        file.write("every rank's shards are written\n")
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temp, marker)
+    _fsync_directory(folder)
+
+
 def first_non_finite(tensors: dict[str, Any]) -> str | None:
     """The name of the first floating, non-empty tensor holding NaN or inf; None when all are finite.
 
@@ -207,13 +226,16 @@ def incomplete_reason(path: str) -> str | None:
 
     A file is complete when its zip index (written last by `torch.save`) is there and its pickle record
     passes its CRC: this reads the index and the pickle, never the tensors, whatever their size, and
-    unpickles nothing. A DeepSpeed checkpoint folder is complete once DeepSpeed wrote its `latest` tag file.
+    unpickles nothing. A DeepSpeed checkpoint folder is complete once it holds `COMPLETE_MARKER`: DeepSpeed's
+    own `latest` file is written by rank 0 alone, before the barrier that waits for the other ranks' shards.
 
     Args:
         path: a checkpoint file, link or folder.
     """
     if os.path.isdir(path):
-        return None if os.path.isfile(os.path.join(path, "latest")) else "no `latest` file in the folder"
+        if os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
+            return None
+        return f"no {COMPLETE_MARKER} file in the folder: a rank may not have finished writing its shards"
     try:
         with zipfile.ZipFile(path) as archive:
             pickles = [name for name in archive.namelist() if name.endswith("data.pkl")]
@@ -226,10 +248,10 @@ def incomplete_reason(path: str) -> str | None:
 
 
 def _saved_at(path: str) -> int:
-    """When `path` was saved: its mtime; a DeepSpeed folder's is its `latest` file's (removing files from
+    """When `path` was saved: its mtime; a DeepSpeed folder's is its completion marker's (removing files from
     an older folder touches the folder's own mtime); a dangling link's is the link's own."""
     with contextlib.suppress(OSError):
-        return os.stat(os.path.join(path, "latest") if os.path.isdir(path) else path).st_mtime_ns
+        return os.stat(os.path.join(path, COMPLETE_MARKER) if os.path.isdir(path) else path).st_mtime_ns
     with contextlib.suppress(OSError):
         return os.lstat(path).st_mtime_ns
     return -1
@@ -352,6 +374,7 @@ class SafeModelCheckpoint(ModelCheckpoint):
     - `save_last="link"` moves `last.ckpt` by renaming a new link over it, and onto a new checkpoint before
       the previous one is removed: it never goes missing or dangles.
     - Clears the temp files of killed saves from those directories at setup.
+    - Marks a DeepSpeed checkpoint folder complete (`COMPLETE_MARKER`) once every rank has written its part.
 
     The overrides of Lightning's private methods are each commented; tests/test_checkpointing.py pins their
     names and signatures.
@@ -403,6 +426,10 @@ class SafeModelCheckpoint(ModelCheckpoint):
                 " checkpoints are untouched; resume from the newest one."
             )
         super()._save_checkpoint(trainer, filepath)
+        # Trainer.save_checkpoint has passed its barrier: every rank's DeepSpeed shards are written.
+        local = _local(filepath)
+        if trainer.is_global_zero and local is not None and os.path.isdir(local):
+            mark_complete(local)
 
     def _find_last_checkpoints(self, trainer) -> set[str]:
         # Private: Lightning's `_CheckpointConnector._parse_ckpt_path` resolves ckpt_path="last" to the

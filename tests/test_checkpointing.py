@@ -32,6 +32,7 @@ from exgrpo_pl.checkpointing import (
     first_non_finite,
     held_parameters,
     incomplete_reason,
+    mark_complete,
     remove_stale_temp_files,
     save_atomically,
 )
@@ -143,8 +144,11 @@ def test_incomplete_reason_tells_complete_from_cut_short(tmp_path):
     (tmp_path / "dangling.ckpt").symlink_to("gone.ckpt")
     assert "FileNotFoundError" in incomplete_reason(str(tmp_path / "dangling.ckpt"))
     (tmp_path / "ds.ckpt").mkdir()
-    assert "latest" in incomplete_reason(str(tmp_path / "ds.ckpt"))
+    assert "exgrpo-complete" in incomplete_reason(str(tmp_path / "ds.ckpt"))
+    # DeepSpeed's own tag file: rank 0 writes it before the other ranks have finished their shards.
     (tmp_path / "ds.ckpt" / "latest").write_text("checkpoint")
+    assert incomplete_reason(str(tmp_path / "ds.ckpt")) is not None
+    mark_complete(str(tmp_path / "ds.ckpt"))
     assert incomplete_reason(str(tmp_path / "ds.ckpt")) is None
 
 

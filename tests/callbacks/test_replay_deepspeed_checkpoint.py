@@ -24,6 +24,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from test_buffer import assert_same, filled_buffer
 
 from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.checkpointing import COMPLETE_MARKER, SafeModelCheckpoint, newest_complete_checkpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.difficulty import DifficultyBucketer
 from exgrpo_pl.replay import SelectiveReplay
@@ -179,7 +180,7 @@ class RecordOwnState(Callback):
             self._record(trainer)
 
 
-def fit_two_ranks(tmp_path, tiny_model_dir, stage, when, max_steps, ckpt_path=None):
+def fit_two_ranks(tmp_path, tiny_model_dir, stage, when, max_steps, ckpt_path=None, checkpoint=None):
     seed_everything(0)
     replay = ReplayCallback(
         mode="swap",
@@ -198,7 +199,7 @@ def fit_two_ranks(tmp_path, tiny_model_dir, stage, when, max_steps, ckpt_path=No
         callbacks=[
             replay,
             RecordOwnState(tmp_path, when),
-            ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0),
+            checkpoint or ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0),
         ],
     )
     module = tiny_module(tiny_model_dir, num_generations=2, max_completion_length=3)
@@ -234,3 +235,19 @@ def test_each_rank_resumes_its_own_buffer_from_a_deepspeed_checkpoint(stage, tmp
         assert_same(resumed[rank], saved[rank])
     # The ranks saw different data: a rank handed the other's buffer would fail the comparison above.
     assert saved[0]["buffer"]["question_id"].tolist() != saved[1]["buffer"]["question_id"].tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_deepspeed_folder_is_marked_complete_after_every_rank_wrote_its_shards(tmp_path, tiny_model_dir):
+    checkpoint = SafeModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_last="link")
+    fit_two_ranks(tmp_path, tiny_model_dir, 3, "saved", max_steps=2, checkpoint=checkpoint)
+    (folder,) = [p for p in (tmp_path / "ckpt").iterdir() if not p.is_symlink()]
+    marker = folder / COMPLETE_MARKER
+    shards = list((folder / "checkpoint").glob("*.pt"))  # ZeRO-3: model and optimizer states of both ranks
+    assert len(shards) == 4 and all(marker.stat().st_mtime_ns >= s.stat().st_mtime_ns for s in shards)
+    assert newest_complete_checkpoint([str(tmp_path / "ckpt")]) == str(folder)
+    marker.unlink()  # what a kill before the marker leaves: DeepSpeed's `latest` alone does not count
+    assert (folder / "latest").is_file()
+    with pytest.warns(UserWarning, match="no complete checkpoint"):
+        assert newest_complete_checkpoint([str(tmp_path / "ckpt")]) is None
