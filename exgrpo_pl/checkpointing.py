@@ -247,6 +247,25 @@ def incomplete_reason(path: str) -> str | None:
     return None
 
 
+def check_loadable(path: Any, option: str = "ckpt_path") -> None:
+    """Raises ValueError naming `option` and `path` when `path` is a local file that is not a complete
+    checkpoint (empty, truncated, not a zip), instead of torch's bare `EOFError` or zip error.
+
+    Args:
+        path: the checkpoint given; URLs, "last" and other non-files are left to the loader.
+        option: the option it came from, for the message.
+    """
+    local = _local(path) if path is not None else None
+    if local is None or not os.path.isfile(local):
+        return
+    reason = incomplete_reason(local)
+    if reason is not None:
+        raise ValueError(
+            f"{option}={path}: not a complete checkpoint ({reason}); a save into it was cut short, or it is"
+            " not a checkpoint. Give another one, or `last`, which takes the newest complete checkpoint."
+        )
+
+
 def _saved_at(path: str) -> int:
     """When `path` was saved: its mtime; a DeepSpeed folder's is its completion marker's (removing files from
     an older folder touches the folder's own mtime); a dangling link's is the link's own."""
@@ -410,6 +429,9 @@ class SafeModelCheckpoint(ModelCheckpoint):
         # has been saved already, or in a sanity check / fast_dev_run.
         if not self._should_skip_saving_checkpoint(trainer):
             metrics = self._monitor_candidates(trainer)
+            # By now Lightning has counted the last epoch, cut short or not, as done, so `current_epoch` is
+            # one past the epoch the last step was in: name the checkpoint after that one.
+            metrics["epoch"] = torch.tensor(max(trainer.current_epoch - 1, 0))
             self._save_topk_checkpoint(trainer, metrics)
             self._save_last_checkpoint(trainer, metrics)
         super().on_train_end(trainer, pl_module)

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
 
@@ -29,6 +29,13 @@ class ExGRPOCLI(LightningCLI):
     (The module itself checks the strategy against the trainer in `setup`, so plain `Trainer` runs get the
     same check.)
     """
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI then reads the checkpoint's hyperparameters with a bare `torch.load`, whose error on an
+        # empty or truncated file names neither the file nor what is wrong with it.
+        subcommand = self.config.get("subcommand")
+        check_loadable(self.config[subcommand].get("ckpt_path") if subcommand else None, "--ckpt_path")
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init

@@ -42,10 +42,11 @@ from exgrpo_pl.resume import (
     warn_if_loader_not_restored,
 )
 from exgrpo_pl.rewards import ArithmeticReward
+from exgrpo_pl.rollout_memory import check_rollout_memory
 from exgrpo_pl.seeding import derive_seed
 from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
 from exgrpo_pl.update import NonFiniteGuard, policy_update
-from exgrpo_pl.validation import check_choice, check_numbers
+from exgrpo_pl.validation import check_choice, check_number, check_numbers
 
 
 class ExGRPOModule(ReplayMixin, LightningModule):
@@ -191,6 +192,7 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         check_strategy(self.trainer, self, self.trainer.datamodule)
         data = self.trainer.datamodule  # set up before the module (Lightning's order)
         if stage == "fit" and isinstance(data, PromptDataModule):
+            check_rollout_memory(self.hparams, data.hparams.batch_size, self.trainer.strategy.root_device)
             self.collector.check_prompt_lengths(data.train_rows, "training data")
             self.collector.check_prompt_lengths(data.val_rows, "validation data")
 
@@ -379,7 +381,7 @@ _NUMBERS = {
     "num_iterations": dict(low=1, integer=True),
     "beta": dict(low=0),
     "entropy_coef": dict(low=0),
-    "learning_rate": dict(low=0, low_open=True),
+    "learning_rate": dict(low=0, high=1, low_open=True),  # AdamW moves each weight by up to lr a step
     "weight_decay": dict(low=0),
     "warmup_steps": dict(low=0, integer=True),
     "max_grad_norm": dict(low=0),
@@ -404,6 +406,8 @@ _CHOICES = {
 def _validate(hp) -> None:
     """Reject impossible settings at construction, i.e. before any training starts."""
     check_numbers("ExGRPOModule", hp, _NUMBERS)
+    for i, weight in enumerate(hp.reward_weights or []):
+        check_number("ExGRPOModule", f"reward_weights[{i}]", weight)
     for name, allowed in _CHOICES.items():
         check_choice("ExGRPOModule", name, hp[name], allowed)
     check_engine(hp.rollout_engine, hp.rollout_engine_options)

@@ -1,9 +1,9 @@
 """Option checks shared by the module, the callbacks, the buffer and the sampler.
 
 Every numeric option is checked when its object is built, i.e. before training starts: it must be a real
-number (not a string or a bool), finite (a NaN temperature or an infinite learning rate would otherwise
-train NaN weights without a word) and inside its range. The error names the owner and the option. Core
-module: no Lightning.
+number (not a string or a bool), finite in float32, the dtype training computes in (a NaN temperature, an
+infinite learning rate or a 1e39 reward weight, infinite once cast, would otherwise train NaN weights
+without a word) and inside its range. The error names the owner and the option. Core module: no Lightning.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping
+
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def check_number(
@@ -25,7 +27,7 @@ def check_number(
     integer: bool = False,
     optional: bool = False,
 ):
-    """`value` itself if it is a finite number in range; ValueError naming `owner.name` otherwise.
+    """`value` itself if it is a number in range, finite in float32; ValueError naming `owner.name` otherwise.
 
     Args:
         owner: the class the option belongs to, for the message.
@@ -44,6 +46,8 @@ def check_number(
         raise ValueError(f"{owner} {name}={value!r}: must be {expected}")
     if not math.isfinite(value):
         raise ValueError(f"{owner} {name}={value!r}: must be finite")
+    if abs(value) > FLOAT32_MAX:
+        raise ValueError(f"{owner} {name}={value!r}: must be finite in float32 (at most {FLOAT32_MAX:.4g})")
     too_low = low is not None and (value <= low if low_open else value < low)
     too_high = high is not None and (value >= high if high_open else value > high)
     if too_low or too_high:

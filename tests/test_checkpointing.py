@@ -29,6 +29,7 @@ from exgrpo_pl.checkpointing import (
     SafeModelCheckpoint,
     UnsafeCheckpointError,
     check_finite,
+    check_loadable,
     first_non_finite,
     held_parameters,
     incomplete_reason,
@@ -36,6 +37,7 @@ from exgrpo_pl.checkpointing import (
     remove_stale_temp_files,
     save_atomically,
 )
+from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
@@ -264,6 +266,15 @@ def test_loading_an_incomplete_file_names_it(tmp_path):
         AtomicCheckpointIO().load_checkpoint(tmp_path / "a.ckpt")
 
 
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 cut"], ids=["empty", "truncated"])
+def test_an_incomplete_ckpt_path_is_named_before_anything_runs(tmp_path, content):
+    (tmp_path / "a.ckpt").write_bytes(content)
+    with pytest.raises(ValueError, match=r"--ckpt_path=.*a.ckpt: not a complete checkpoint \(BadZipFile"):
+        main(["fit", "--ckpt_path", str(tmp_path / "a.ckpt"), f"--trainer.default_root_dir={tmp_path}"])
+    check_loadable(tmp_path / "missing.ckpt")  # left to the loader, as are "last" and URLs
+    check_loadable("last")
+
+
 class WritesMarker:
     """A harmless payload: unpickling it creates the file `marker` (as a malicious one would run code)."""
 
@@ -317,25 +328,26 @@ class StopAt(Callback):
 
 
 STOPS = [
-    ({"max_steps": 3}, 3),  # an epoch is 14 steps
-    ({"max_epochs": 2, "limit_train_batches": 1}, 2),
-    ({"callbacks": [StopAt(2)]}, 2),
+    ({"max_steps": 3}, 0, 3),  # an epoch is 14 steps
+    ({"max_epochs": 2, "limit_train_batches": 1}, 1, 2),
+    ({"callbacks": [StopAt(2)]}, 0, 2),
 ]
 
 
 @pytest.mark.parametrize(
-    "stop, final_step",
+    "stop, epoch, step",
     STOPS,
     ids=["max_steps mid-epoch", "max_epochs", "callback should_stop"],
 )
-def test_the_run_saves_when_it_ends_whatever_stopped_it(tmp_path, tiny_model_dir, stop, final_step):
+def test_the_run_saves_when_it_ends_whatever_stopped_it(tmp_path, tiny_model_dir, stop, epoch, step):
     kwargs = {"max_steps": 50, **stop}
     extra = kwargs.pop("callbacks", [])
     # No periodic save reaches the final step: only the save at train end can.
     checkpoint = SafeModelCheckpoint(tmp_path / "ckpts", every_n_train_steps=100, save_last="link")
     fit(tmp_path, tiny_model_dir, [checkpoint, *extra], **kwargs)
     (saved,) = [p for p in (tmp_path / "ckpts").iterdir() if not p.is_symlink()]
-    assert step_of(saved) == final_step and (tmp_path / "ckpts" / "last.ckpt").resolve() == saved
+    assert step_of(saved) == step and (tmp_path / "ckpts" / "last.ckpt").resolve() == saved
+    assert saved.name == f"epoch={epoch}-step={step}.ckpt"  # the epoch the last step was in
 
 
 def test_lightning_alone_saves_nothing_in_that_case(tmp_path, tiny_model_dir):

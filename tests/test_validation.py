@@ -16,7 +16,7 @@ from exgrpo_pl.difficulty import DifficultyBucketer
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.rewards import MathVerifyReward
-from exgrpo_pl.validation import check_number
+from exgrpo_pl.validation import FLOAT32_MAX, check_number
 
 CLASSES = (
     ExGRPOModule, ReplayCallback, DifficultyMonitor, TrajectoryBuffer, DifficultyBucketer, SelectiveReplay,
@@ -49,6 +49,30 @@ def test_a_non_finite_or_non_numeric_option_is_an_error_naming_it(cls, name, bad
         cls(**{name: bad})
 
 
+@pytest.mark.parametrize("bad", [1e39, -1e39, 10**40])
+def test_a_number_beyond_float32_is_an_error(bad):
+    with pytest.raises(ValueError, match=r"^Owner option=.*: must be finite in float32"):
+        check_number("Owner", "option", bad)
+
+
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        ([math.nan], r"reward_weights\[0\]=nan: must be finite"),
+        ([1.0, 1e39], r"reward_weights\[1\]=1e\+39: must be finite in float32"),
+        (["1"], r"reward_weights\[0\]='1': must be a number"),
+    ],
+)
+def test_reward_weights_are_each_checked_at_construction(weights, message):
+    with pytest.raises(ValueError, match=rf"^ExGRPOModule {message}"):
+        ExGRPOModule(reward_weights=weights)
+
+
+def test_a_learning_rate_above_one_is_an_error():
+    with pytest.raises(ValueError, match=r"^ExGRPOModule learning_rate=1e\+38: must be in \(0, 1\]"):
+        ExGRPOModule(learning_rate=1e38)
+
+
 @given(percentile=st.sampled_from([math.nan, math.inf, 101.0, -1.0]))
 def test_entropy_percentiles_are_each_checked(percentile):
     with pytest.raises(ValueError, match="TrajectoryBuffer entropy_percentiles="):
@@ -63,7 +87,7 @@ def test_entropy_percentiles_are_each_checked(percentile):
     high_open=st.booleans(),
 )
 def test_check_number_accepts_exactly_the_finite_values_in_range(value, low, high, low_open, high_open):
-    inside = math.isfinite(value)
+    inside = math.isfinite(value) and abs(value) <= FLOAT32_MAX
     if low is not None:
         inside &= value > low if low_open else value >= low
     if high is not None:
