@@ -3,6 +3,9 @@
 exgrpo fit --config configs/quickstart.yaml
 exgrpo fit --config configs/quickstart.yaml --print_config
 exgrpo fit --config configs/quickstart.yaml --ckpt_path last   # resume from the newest complete checkpoint
+
+A resumed run keeps the options its config files and command line give it, with `--ckpt_path last` as with
+a checkpoint file, and warns listing each option whose value differs from the checkpoint's.
 """
 
 from __future__ import annotations
@@ -28,12 +31,22 @@ class ExGRPOCLI(LightningCLI):
 
     (The module itself checks the strategy against the trainer in `setup`, so plain `Trainer` runs get the
     same check.)
+
+    Resuming, the run's own options stand: LightningCLI would replace the model's options, ones given on the
+    command line too, with a checkpoint file's hyperparameters (not for `last`, which it cannot resolve
+    before the trainer exists). `ExGRPOModule` warns, when it loads the checkpoint, listing each option whose
+    value differs from the checkpoint's (`exgrpo_pl.resume.changed_options`).
     """
+
+    def _parse_ckpt_path(self) -> None:
+        # Private: LightningCLI's merge of a checkpoint file's hyperparameters into the parsed config. Left
+        # out, so that a file and `last` follow one rule: the config files and the command line decide.
+        return
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        # LightningCLI then reads the checkpoint's hyperparameters with a bare `torch.load`, whose error on an
-        # empty or truncated file names neither the file nor what is wrong with it.
+        # Before anything is built: loading an empty or truncated file later fails with a bare `torch.load`
+        # error that names neither the file nor what is wrong with it.
         subcommand = self.config.get("subcommand")
         check_loadable(self.config[subcommand].get("ckpt_path") if subcommand else None, "--ckpt_path")
 

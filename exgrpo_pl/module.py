@@ -10,6 +10,7 @@ engine (`exgrpo_pl.engines`) and scored by a `RolloutCollector` (`exgrpo_pl.coll
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from copy import deepcopy
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import CombinedLoader, rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import get_scheduler
@@ -39,6 +40,8 @@ from exgrpo_pl.resume import (
     resumable_fit_progress,
     rng_states,
     settle_resumed_step_count,
+    use_run_optimizer_options,
+    warn_changed_options,
     warn_if_loader_not_restored,
 )
 from exgrpo_pl.rewards import ArithmeticReward
@@ -177,6 +180,8 @@ class ExGRPOModule(ReplayMixin, LightningModule):
             self.tokenizer, model_name_or_path, stop_token_ids or (), chat_template
         )
         self.policy = self.reference = self.engine = None
+        # pass@1 sums in float32 whatever the precision: `bf16-true` converts the module with `.to(dtype)`,
+        # metric states included, and a bf16 sum stops counting at 256 (on_validation_start resets the dtype).
         self.val_pass_at_1 = MeanMetric()
         self.test_pass_at_1 = MeanMetric()
         self.num_tokens = 0  # prompt + completion tokens trained on (TRL's num_tokens)
@@ -325,19 +330,41 @@ class ExGRPOModule(ReplayMixin, LightningModule):
 
     def on_train_start(self) -> None:
         warn_if_loader_not_restored(self.trainer)
+        if self.trainer.ckpt_path is not None:  # a resumed run keeps its own options, these two included
+            scheduler = self.trainer.lr_scheduler_configs[0].scheduler
+            use_run_optimizer_options(
+                self.trainer.optimizers[0], scheduler, self.hparams.learning_rate, self.hparams.weight_decay
+            )
         if getattr(self, "_resumed_at", None) == "epoch end":
             settle_resumed_step_count(self.trainer)
             self._resumed_at = None
         # A resumed run measured its start already, and logged it at step 0.
         if not self.hparams.validate_at_start or self.trainer.datamodule is None or self.global_step > 0:
             return
+        # The later validations' own loaders (sharded across ranks, limit_val_batches applied): the same
+        # samples, each rank measuring its share, and the mean taken over all ranks.
+        val_loop = self.trainer.fit_loop.epoch_loop.val_loop
+        val_loop.setup_data()
+        loaders = self.trainer.val_dataloaders
+        if not loaders:  # no validation batches (limit_val_batches=0, an empty validation set)
+            return
         start = MeanMetric().to(self.device)
-        for batch_idx, batch in enumerate(self.trainer.datamodule.val_dataloader()):
-            start.update(self._pass_rate(batch, batch_idx))
+        for loader, limit in zip(CombinedLoader(loaders).flattened, val_loop.max_batches):
+            batches = itertools.islice(loader, None if math.isinf(limit) else int(limit))
+            for batch_idx, batch in enumerate(batches):
+                start.update(self._pass_rate(batch, batch_idx))
         value = float(start.compute())
         if self.logger is not None:
             self.logger.log_metrics({"val/pass@1": value}, step=self.global_step)
         rank_zero_info(f"val/pass@1 before training: {value:.3f}")
+
+    @override
+    def on_validation_start(self) -> None:
+        self.val_pass_at_1.set_dtype(torch.float32)
+
+    @override
+    def on_test_start(self) -> None:
+        self.test_pass_at_1.set_dtype(torch.float32)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._evaluate(batch, batch_idx, self.val_pass_at_1, "val/pass@1")
@@ -360,6 +387,9 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         self.num_tokens = counts.get("num_tokens", 0)
         self.generated_tokens = counts.get("generated_tokens", 0)
         self.nonfinite.skipped = counts.get("nonfinite_steps", 0)
+        trainer = self._trainer  # None in load_from_checkpoint
+        if trainer is not None:
+            warn_changed_options(checkpoint, self, trainer.datamodule, trainer.ckpt_path)
         # Lightning restores the loops after this hook; on_train_start settles what it then miscounts.
         self._resumed_at = resumable_fit_progress(checkpoint)
         states = checkpoint.get("sampling_rng")

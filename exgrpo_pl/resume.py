@@ -27,6 +27,7 @@ then never loads the loader's saved pass and position (Lightning issue #20550).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -162,6 +163,77 @@ def warn_if_loader_not_restored(trainer) -> None:
             " position were not loaded: this run trains on other batches than the uninterrupted run. Count"
             " steps with exgrpo_pl.resume.estimated_stepping_batches(trainer) instead."
         )
+
+
+def changed_options(checkpoint: dict[str, Any], module, datamodule=None) -> list[str]:
+    """The options of `module` (and `datamodule`) whose values differ from those saved in `checkpoint`, one
+    line each: `"model.learning_rate: 0.0003 in the checkpoint, 0.001 in this run"`. A resumed run keeps its
+    own values (the rule of `exgrpo fit`, for a checkpoint file as for `last`).
+
+    Args:
+        checkpoint: a Lightning checkpoint dict.
+        module: the LightningModule that loads it.
+        datamodule: the run's LightningDataModule, or None.
+    """
+    pairs = [("model", checkpoint.get("hyper_parameters"), module.hparams)]
+    if datamodule is not None:
+        pairs.append(("data", checkpoint.get("datamodule_hyper_parameters"), datamodule.hparams))
+    lines = []
+    for prefix, saved, now in pairs:
+        for name, value in (saved or {}).items():
+            # "_instantiator", "_class_path": LightningCLI's bookkeeping, not options
+            if not name.startswith("_") and name in now and _plain(value) != _plain(now[name]):
+                lines.append(f"{prefix}.{name}: {value!r} in the checkpoint, {now[name]!r} in this run")
+    return lines
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, mappings as dicts, recursively: how an option was given does not make it differ."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def warn_changed_options(checkpoint: dict[str, Any], module, datamodule=None, path: Any = None) -> None:
+    """Warns, listing them, when options of the run differ from the checkpoint's (see `changed_options`).
+
+    Args:
+        checkpoint: a Lightning checkpoint dict.
+        module: the LightningModule that loads it.
+        datamodule: the run's LightningDataModule, or None.
+        path: where the checkpoint came from, for the message.
+    """
+    lines = changed_options(checkpoint, module, datamodule)
+    if lines:
+        rank_zero_warn(
+            f"Resuming from {path or 'a checkpoint'}: {len(lines)} option(s) differ from the checkpoint's,"
+            " and this run uses its own values (so it does not continue the saved run exactly):\n  "
+            + "\n  ".join(lines)
+        )
+
+
+def use_run_optimizer_options(optimizer, scheduler, learning_rate: float, weight_decay: float) -> None:
+    """Puts this run's learning rate and weight decay back into an optimizer and a `LambdaLR` schedule just
+    restored from a checkpoint (their saved state brings back the checkpoint's), when they differ: the base
+    learning rate of the schedule, and the current rate at its step. Unchanged values are left alone.
+
+    Args:
+        optimizer: the restored optimizer (param groups with "lr", "initial_lr", "weight_decay").
+        scheduler: its restored `torch.optim.lr_scheduler.LambdaLR`.
+        learning_rate: this run's base learning rate.
+        weight_decay: this run's weight decay.
+    """
+    for group in optimizer.param_groups:
+        group["weight_decay"] = weight_decay
+    if all(base == learning_rate for base in scheduler.base_lrs):
+        return
+    scheduler.base_lrs = [learning_rate] * len(optimizer.param_groups)
+    for group, lr_lambda in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group["initial_lr"] = learning_rate
+        group["lr"] = learning_rate * lr_lambda(scheduler.last_epoch)  # as LambdaLR.step sets it
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def _set(progress: dict[str, Any], total: dict[str, int]) -> None:

@@ -103,3 +103,23 @@ def test_quickstart_stopped_at_40_steps_saves_its_checkpoint(tmp_path):
     (saved,) = checkpoints.glob("epoch=*-step=40.ckpt")  # validation (every 50 steps) never ran
     assert os.readlink(checkpoints / "last.ckpt") == saved.name
     assert torch.load(saved, weights_only=True)["global_step"] == 40
+
+
+@pytest.mark.parametrize("ckpt", ["file", "last"])
+def test_a_resumed_run_keeps_its_own_options_and_lists_those_that_differ_from_the_checkpoint(
+    tiny_args, tmp_path, ckpt, recwarn
+):
+    """(A resume with the same options warns about none: tests/test_resume.py.)"""
+    _cli(tiny_args, "--trainer.max_steps=2", "--model.learning_rate=1e-3", run=True)
+    (saved,) = tmp_path.glob("lightning_logs/version_0/checkpoints/epoch=*.ckpt")
+    path = str(saved) if ckpt == "file" else "last"
+    options = ["--model.learning_rate=2e-3", "--model.weight_decay=0.1", f"--ckpt_path={path}"]
+    cli = _cli(tiny_args, "--trainer.max_steps=3", *options, run=True)
+    (warning,) = [str(w.message) for w in recwarn if "differ from the checkpoint" in str(w.message)]
+    assert cli.model.hparams.learning_rate == 2e-3 and cli.model.hparams.weight_decay == 0.1
+    # ... and the optimizer, whose restored state held the checkpoint's rate, trained with them
+    (group,) = cli.trainer.optimizers[0].param_groups
+    assert group["lr"] == group["initial_lr"] == 2e-3 and group["weight_decay"] == 0.1
+    assert "2 option(s) differ" in warning
+    assert "model.learning_rate: 0.001 in the checkpoint, 0.002 in this run" in warning
+    assert "model.weight_decay: 0.0 in the checkpoint, 0.1 in this run" in warning
