@@ -158,10 +158,10 @@ def test_reward_timeout_benchmark(bench, capsys):
 def test_resume_exact_benchmark(bench):
     args = ("--configs", "quickstart", "--steps", "12", "--questions", "200")  # 5 steps an epoch
     result = json.loads((bench("resume_exact", *args) / "resume_exact.json").read_text())
-    assert list(result) == ["quickstart/mid", "quickstart/end", "quickstart/kill"]
+    assert list(result) == ["quickstart/mid", "quickstart/kill", "quickstart/end"]
     assert all(case["exact"] for case in result.values()), result
-    mid, end, kill = result.values()
-    assert (mid["resumed_from_step"], end["resumed_from_step"], end["steps_per_epoch"]) == (3, 5, 5)
+    mid, kill, end = result.values()
+    assert (mid["resumed_from_step"], end["resumed_from_step"], end["steps_per_epoch"]) == (6, 5, 5)
     assert 4 <= kill["resumed_from_step"] < 12  # the validation checkpoint of step 4, or a later one
     # a meaningful resume: experience stored and replay steps taken by the end
     assert end["buffer_rows"] > 0 and end["replayed_steps"] > 0
