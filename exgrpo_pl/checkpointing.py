@@ -12,6 +12,7 @@ the newest complete checkpoint and moves `last.ckpt` links atomically. `exgrpo f
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import os
 import pickle
@@ -26,7 +27,9 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from typing_extensions import override
 
 # `.<final name>.tmp-<pid>-<8 hex>`: a dot file, so no "*.ckpt" glob and no "last" lookup ever matches it.
 TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
@@ -126,6 +129,9 @@ def save_atomically(checkpoint: dict[str, Any], path: str) -> None:
     Args:
         checkpoint: what to save.
         path: the final local path.
+
+    Raises:
+        OutOfSpaceError: the filesystem filled up (the temp file is deleted, `path` untouched).
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -137,11 +143,53 @@ def save_atomically(checkpoint: dict[str, Any], path: str) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.remove(temp)
+        raise_if_out_of_space(err, path, tensor_bytes(checkpoint))
         raise
     _fsync_directory(directory)
+
+
+class OutOfSpaceError(OSError):
+    """A write found its filesystem full; the message names the path, the space needed and the space free."""
+
+
+def tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in `value` (nested dicts, lists and tuples): what its file takes at least."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(item) for item in value)
+    return 0
+
+
+def raise_if_out_of_space(err: BaseException, path: str, needed_bytes: int) -> None:
+    """Raises `OutOfSpaceError` from `err` when it, or an error it arose from, says the disk or quota is full.
+
+    torch's writer turns the `OSError` of a full disk into a bare `RuntimeError` ("unexpected pos"), which
+    keeps the OSError as its context; that chain is what is read here.
+
+    Args:
+        err: the error a write raised.
+        path: what was being written.
+        needed_bytes: what the write needs at least.
+    """
+    cause, seen = err, set()
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+            raise OutOfSpaceError(
+                errno.ENOSPC,
+                f"No space left to write {path}: it needs at least {needed_bytes / 2**20:.1f} MiB and"
+                f" {free / 2**20:.1f} MiB is free there ({cause.strerror}). Nothing was written and existing"
+                " checkpoints are untouched; free some space, or save elsewhere (the checkpoint callback's"
+                " `dirpath`, `trainer.default_root_dir`).",
+            ) from err
+        cause = cause.__cause__ or cause.__context__
 
 
 def link_atomically(target: str, link: str) -> None:
@@ -166,10 +214,16 @@ def mark_complete(folder: str) -> None:
     """
     marker = os.path.join(folder, COMPLETE_MARKER)
     temp = temp_path(marker)
-    with open(temp, "x") as file:
-        file.write("every rank's shards are written\n")
-        file.flush()
-        os.fsync(file.fileno())
+    try:
+        with open(temp, "x") as file:
+            file.write("every rank's shards are written\n")
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as err:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp)
+        raise_if_out_of_space(err, marker, 32)
+        raise
     os.replace(temp, marker)
     _fsync_directory(folder)
 
@@ -435,6 +489,28 @@ class SafeModelCheckpoint(ModelCheckpoint):
             self._save_topk_checkpoint(trainer, metrics)
             self._save_last_checkpoint(trainer, metrics)
         super().on_train_end(trainer, pl_module)
+
+    @override
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # Lightning's `save_on_exception=True` saves the state as the exception left it; by default nothing
+        # is saved, and this says why and what is kept.
+        if self.save_on_exception or trainer.state.fn != TrainerFn.FITTING:
+            super().on_exception(trainer, pl_module, exception)
+            return
+        if self._last_checkpoint_saved:
+            saved, lost = self._last_checkpoint_saved, trainer.global_step - self._last_global_step_saved
+            kept = (
+                f"The newest checkpoint of this run, {saved} (step {self._last_global_step_saved}), is"
+                f' untouched; resuming from it (`ckpt_path="last"`) redoes the {lost} steps after it.'
+            )
+        else:
+            kept = "This run saved no checkpoint before it; older checkpoints are untouched."
+        rank_zero_warn(
+            f"Training stopped at step {trainer.global_step} by {type(exception).__name__}, and no checkpoint"
+            " is saved on the way out: an exception can stop a step halfway (its batch drawn, the generators"
+            " advanced, the weights possibly updated), and a resume from such a state would not continue the"
+            f" run exactly. {kept}"
+        )
 
     def _save_checkpoint(self, trainer, filepath: str) -> None:
         # Private: every rank calls it for each save, and only rank 0 writes, so only rank 0's writer would

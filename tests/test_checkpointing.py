@@ -1,6 +1,7 @@
 """Kill-proof checkpoints: atomic writes next to the target, temp cleanup, the non-finite refusal, "last"
 resolving to the newest complete checkpoint, a save when training ends, and SIGKILL trials during saves."""
 
+import errno
 import functools
 import http.server
 import inspect
@@ -26,6 +27,7 @@ from exgrpo_pl.checkpointing import (
     TEMP_NAME,
     AtomicCheckpointIO,
     NonFiniteCheckpointError,
+    OutOfSpaceError,
     SafeModelCheckpoint,
     UnsafeCheckpointError,
     check_finite,
@@ -34,6 +36,7 @@ from exgrpo_pl.checkpointing import (
     held_parameters,
     incomplete_reason,
     mark_complete,
+    raise_if_out_of_space,
     remove_stale_temp_files,
     save_atomically,
 )
@@ -353,6 +356,75 @@ def test_the_run_saves_when_it_ends_whatever_stopped_it(tmp_path, tiny_model_dir
 def test_lightning_alone_saves_nothing_in_that_case(tmp_path, tiny_model_dir):
     fit(tmp_path, tiny_model_dir, [ModelCheckpoint(tmp_path / "ckpts", every_n_train_steps=100)], max_steps=3)
     assert not (tmp_path / "ckpts").exists()
+
+
+# A crash or a full disk
+
+
+class Crash(Callback):
+    """Keeps the bytes of every checkpoint in `directory` at the start of batch `batch`; raises there too
+    unless `raise_there` is False."""
+
+    def __init__(self, directory, batch, raise_there=True):
+        self.directory, self.batch, self.raise_there, self.before = directory, batch, raise_there, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == self.batch:
+            self.before = {p.name: p.read_bytes() for p in self.directory.iterdir()}
+            if self.raise_there:
+                raise RuntimeError("a reward function failed")
+
+
+def test_out_of_space_is_found_behind_torchs_runtime_error(tmp_path):
+    path = str(tmp_path / "a.ckpt")
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos") from None
+    except RuntimeError as err:
+        assert err.__cause__ is None and isinstance(err.__context__, OSError)
+        with pytest.raises(OutOfSpaceError, match=r"a.ckpt: it needs at least 2.0 MiB"):
+            raise_if_out_of_space(err, path, 2 * 2**20)
+    raise_if_out_of_space(RuntimeError("unexpected pos"), path, 2 * 2**20)  # not about space: left alone
+
+
+def test_an_exception_in_training_saves_nothing_says_why_and_keeps_the_checkpoints(tmp_path, tiny_model_dir):
+    directory = tmp_path / "ckpts"
+    crash = Crash(directory, batch=3)
+    checkpoint = SafeModelCheckpoint(directory, every_n_train_steps=2, save_last="link")
+    with pytest.warns(
+        UserWarning, match=r"(?s)stopped at step 3 by RuntimeError.*step=2.ckpt \(step 2\).*1 steps"
+    ):
+        with pytest.raises(RuntimeError, match="a reward function failed"):
+            fit(tmp_path, tiny_model_dir, [checkpoint, crash], max_steps=6)
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == crash.before
+    assert sorted(crash.before) == ["epoch=0-step=2.ckpt", "last.ckpt"]
+
+
+def test_a_full_disk_is_named_with_the_space_needed_and_the_checkpoints_stay(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    directory = tmp_path / "ckpts"
+    real_save = torch.save
+
+    def fills_the_disk(checkpoint, file):
+        if checkpoint["global_step"] < 4:
+            return real_save(checkpoint, file)
+        file.write(b"PK partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", fills_the_disk)
+    crash = Crash(directory, batch=3, raise_there=False)
+    checkpoint = SafeModelCheckpoint(directory, every_n_train_steps=2, save_last="link")
+    message = (
+        r"No space left to write .*epoch=0-step=4.ckpt: it needs at least \d+\.\d MiB and .* MiB is free"
+    )
+    with pytest.warns(UserWarning, match=r"stopped at step 4 by OutOfSpaceError"):
+        with pytest.raises(OutOfSpaceError, match=message):
+            fit(tmp_path, tiny_model_dir, [checkpoint, crash], max_steps=6)
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == crash.before  # no temp file either
+    assert step_of(directory / "last.ckpt") == 2
 
 
 # The last.ckpt link
