@@ -10,6 +10,7 @@ engine (`exgrpo_pl.engines`) and scored by a `RolloutCollector` (`exgrpo_pl.coll
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from copy import deepcopy
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import CombinedLoader, rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import get_scheduler
@@ -179,6 +180,8 @@ class ExGRPOModule(ReplayMixin, LightningModule):
             self.tokenizer, model_name_or_path, stop_token_ids or (), chat_template
         )
         self.policy = self.reference = self.engine = None
+        # pass@1 sums in float32 whatever the precision: `bf16-true` converts the module with `.to(dtype)`,
+        # metric states included, and a bf16 sum stops counting at 256 (on_validation_start resets the dtype).
         self.val_pass_at_1 = MeanMetric()
         self.test_pass_at_1 = MeanMetric()
         self.num_tokens = 0  # prompt + completion tokens trained on (TRL's num_tokens)
@@ -338,13 +341,30 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         # A resumed run measured its start already, and logged it at step 0.
         if not self.hparams.validate_at_start or self.trainer.datamodule is None or self.global_step > 0:
             return
+        # The later validations' own loaders (sharded across ranks, limit_val_batches applied): the same
+        # samples, each rank measuring its share, and the mean taken over all ranks.
+        val_loop = self.trainer.fit_loop.epoch_loop.val_loop
+        val_loop.setup_data()
+        loaders = self.trainer.val_dataloaders
+        if not loaders:  # no validation batches (limit_val_batches=0, an empty validation set)
+            return
         start = MeanMetric().to(self.device)
-        for batch_idx, batch in enumerate(self.trainer.datamodule.val_dataloader()):
-            start.update(self._pass_rate(batch, batch_idx))
+        for loader, limit in zip(CombinedLoader(loaders).flattened, val_loop.max_batches):
+            batches = itertools.islice(loader, None if math.isinf(limit) else int(limit))
+            for batch_idx, batch in enumerate(batches):
+                start.update(self._pass_rate(batch, batch_idx))
         value = float(start.compute())
         if self.logger is not None:
             self.logger.log_metrics({"val/pass@1": value}, step=self.global_step)
         rank_zero_info(f"val/pass@1 before training: {value:.3f}")
+
+    @override
+    def on_validation_start(self) -> None:
+        self.val_pass_at_1.set_dtype(torch.float32)
+
+    @override
+    def on_test_start(self) -> None:
+        self.test_pass_at_1.set_dtype(torch.float32)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._evaluate(batch, batch_idx, self.val_pass_at_1, "val/pass@1")
