@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -195,47 +196,50 @@ def _replay_state(checkpoint: dict) -> dict | None:
 
 
 def run_config(name: str, cases: list[str], tmp: Path, steps: int, questions: int | None) -> dict:
-    """The config's cases; the straight run of each horizon is trained once."""
+    """The config's cases. The straight run of each horizon is trained once, alongside the split runs (in a
+    process of its own: it depends on none of them)."""
     work = tmp / name
     work.mkdir()
     path = config_path(name, work, questions)
     epoch = steps_per_epoch(path)
     mid, kill_after = steps // 2, yaml.safe_load(path.read_text())["trainer"]["val_check_interval"]
-    straight: dict[int, Path] = {}
+    horizons = {case: max(steps, epoch + 4) if case == "end" else steps for case in cases}
     results = {}
-    for case in cases:
-        horizon = max(steps, epoch + 4) if case == "end" else steps
-        if horizon not in straight:
-            (work / f"straight-{horizon}").mkdir()
-            fit(path, work / f"straight-{horizon}", horizon)
-            straight[horizon] = versions(work / f"straight-{horizon}")[0]
-        split = work / case
-        split.mkdir()
-        started = time.perf_counter()
-        if case == "kill":
-            stop = fit_killed(path, split, horizon, kill_after)
-        else:
-            stop = mid if case == "mid" else epoch
-            fit(path, split, stop)
-        fit(path, split, horizon, resume=True)
-        results[f"{name}/{case}"] = {
-            "config": f"configs/{name}.yaml" if questions is None else f"{name} with {questions} questions",
-            "case": case,
-            "steps": horizon,
-            "steps_per_epoch": epoch,
-            "resumed_from_step": stop,
-            "split_seconds": round(time.perf_counter() - started, 1),
-            **compare(straight[horizon], versions(split)[-1]),
-        }
-        r = results[f"{name}/{case}"]
-        print(
-            f"{name:21s} {case:4s} {stop:3d} -> {horizon:3d}: exact={r['exact']}"
-            f"  weights {r['weights']['max_abs_diff']:.3g}  adam {r['adam_state']['max_abs_diff']:.3g}"
-            f"  buffer rows {r['buffer_rows']}  replayed {r['replayed_steps']}  retired {r['retired']}"
-            f"  reward steps differing {r['train_reward']['steps_differing']}",
-            flush=True,
-        )
+    with ThreadPoolExecutor() as pool:
+        straight = {h: pool.submit(fit_straight, path, work, h) for h in sorted(set(horizons.values()))}
+        for case in cases:
+            horizon, split = horizons[case], work / case
+            split.mkdir()
+            if case == "kill":
+                stop = fit_killed(path, split, horizon, kill_after)
+            else:
+                stop = mid if case == "mid" else epoch
+                fit(path, split, stop)
+            fit(path, split, horizon, resume=True)
+            results[f"{name}/{case}"] = r = {
+                "config": f"configs/{name}.yaml" if questions is None else f"{name}, {questions} questions",
+                "case": case,
+                "steps": horizon,
+                "steps_per_epoch": epoch,
+                "resumed_from_step": stop,
+                **compare(straight[horizon].result(), versions(split)[-1]),
+            }
+            print(
+                f"{name:21s} {case:4s} {stop:3d} -> {horizon:3d}: exact={r['exact']}"
+                f"  weights {r['weights']['max_abs_diff']:.3g}  adam {r['adam_state']['max_abs_diff']:.3g}"
+                f"  buffer rows {r['buffer_rows']}  replayed {r['replayed_steps']}  retired {r['retired']}"
+                f"  reward steps differing {r['train_reward']['steps_differing']}",
+                flush=True,
+            )
     return results
+
+
+def fit_straight(path: Path, work: Path, steps: int) -> Path:
+    """The uninterrupted run of `steps` steps; returns its log version folder."""
+    workdir = work / f"straight-{steps}"
+    workdir.mkdir()
+    fit(path, workdir, steps)
+    return versions(workdir)[0]
 
 
 def code_version() -> str:
