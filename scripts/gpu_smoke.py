@@ -1,9 +1,13 @@
 """GPU smoke test: a tiny policy trained a few ExGRPO steps in bf16, plain and under DeepSpeed ZeRO-2/3.
 
-Each variant runs in its own process (a clean CUDA context, process group and peak-memory counter) and
-prints one line: mean step time, tokens/s (prompt + completion tokens trained on) and peak GPU memory
-(`torch.cuda.max_memory_allocated`). `zero3` ends by saving a checkpoint (a directory, DeepSpeed's shards);
-`resume` restores it, checks the step and the replay buffer came back, and trains on.
+`plain` trains float32 weights with bf16 autocast (`bf16-mixed`: without DeepSpeed nothing keeps fp32 master
+weights of bf16 ones, `exgrpo_pl.strategies.check_strategy`); the DeepSpeed variants train bf16 weights
+(`bf16-true`, DeepSpeed's fp32 master weights). Each variant runs in its own process (a clean CUDA context,
+process group and peak-memory counter) and prints one line: mean step time, tokens/s (prompt + completion
+tokens trained on) and peak GPU memory (`torch.cuda.max_memory_allocated`); its result file also has the
+mean seconds per phase of a step (`timing_s`: generation, reward, replay sampling and rescoring, and the
+update's forwards, backwards and optimizer step). `zero3` ends by saving a checkpoint (a directory,
+DeepSpeed's shards); `resume` restores it, checks the step and the replay buffer came back, and trains on.
 
     bash scripts/gpu_smoke.sh                                   # every variant, then a table
     python scripts/gpu_smoke.py --variant zero2 --workdir /tmp/smoke
@@ -61,7 +65,7 @@ def build(variant: str, args: argparse.Namespace):
         entropy_coef=0.001,
         max_grad_norm=1.0,
         micro_batch_size=args.micro_batch_size,
-        dtype="bfloat16",
+        dtype="float32" if variant == "plain" else "bfloat16",
         attn_implementation="sdpa",
     )
     datamodule = PromptDataModule(
@@ -80,7 +84,7 @@ def build(variant: str, args: argparse.Namespace):
         accelerator=args.accelerator,
         devices=1,
         strategy=strategy,
-        precision="bf16-true",
+        precision="bf16-mixed" if variant == "plain" else "bf16-true",
         max_steps=2 * args.steps if variant == "resume" else args.steps,
         max_epochs=100,
         logger=False,
@@ -108,6 +112,7 @@ class Meter(Callback):
         self._started = 0.0
         self._counts = (0, 0)
         self._seen = 0
+        self.phases: dict[str, float] = {}  # seconds per phase ("timing/*"), summed over the timed steps
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.start_step = trainer.global_step
@@ -127,6 +132,10 @@ class Meter(Callback):
         self.times.append(time.perf_counter() - self._started)
         self.tokens += pl_module.num_tokens - self._counts[0]
         self.generated += pl_module.generated_tokens - self._counts[1]
+        replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
+        for name, seconds in {**pl_module.last_step_metrics, **replay.last_timings}.items():
+            if name.startswith("timing/"):
+                self.phases[name] = self.phases.get(name, 0.0) + seconds
 
 
 def run(variant: str, args: argparse.Namespace) -> dict:
@@ -165,6 +174,9 @@ def run(variant: str, args: argparse.Namespace) -> dict:
         "variant": variant,
         "steps": trainer.global_step - (meter.start_step or 0),
         "step_time_s": timed / max(len(meter.times), 1),
+        "timing_s": {
+            name[len("timing/") :]: total / max(len(meter.times), 1) for name, total in meter.phases.items()
+        },
         "tokens_per_s": meter.tokens / timed if timed else 0.0,
         "generated_tokens_per_s": meter.generated / timed if timed else 0.0,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU smoke test on one GPU: a tiny policy trained a few steps in bf16 plain, under DeepSpeed ZeRO-2 and
+# GPU smoke test on one GPU: a tiny policy trained a few steps plain (bf16-mixed), under DeepSpeed ZeRO-2 and
 # ZeRO-3, then resumed once from the ZeRO-3 checkpoint (a directory); prints step time, tokens/s and peak
 # memory per variant and exits non-zero when any variant fails. A few minutes (each variant <= 100 s).
 #
