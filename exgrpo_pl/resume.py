@@ -1,4 +1,5 @@
-"""Resuming where a checkpoint left off: the fit loop's progress, and the global RNG state of every rank.
+"""Resuming where a checkpoint left off: the fit loop's progress, the global RNG state of every rank, the
+training loader's position, and the run's own options.
 
 Lightning resumes exactly from a checkpoint saved in `on_train_batch_end` (`every_n_train_steps`) in the
 middle of an epoch. From one saved after the epoch's last batch, or later in a step (`on_train_epoch_end`:
@@ -22,6 +23,10 @@ then never loads the loader's saved pass and position (Lightning issue #20550).
 `trainer.estimated_stepping_batches` sets it up when `max_epochs` is finite (every shipped config), so
 `configure_optimizers` counts the steps with `estimated_stepping_batches(trainer)` instead;
 `warn_if_loader_not_restored` says so when something else set the loader up early.
+
+A resumed run keeps its own options (config files, command line). `warn_changed_options` lists those whose
+values differ from the checkpoint's, and `use_run_optimizer_options` puts the learning rate and weight decay
+back into the optimizer and schedule that Lightning restores with the checkpoint's.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from lightning.pytorch.utilities.combined_loader import _SUPPORTED_MODES
 from lightning.pytorch.utilities.data import has_len_all_ranks
+from torch.optim.lr_scheduler import LambdaLR
 
 _FIT = "fit_loop"
 _EPOCHS = "epoch_progress"
@@ -221,13 +227,14 @@ def use_run_optimizer_options(optimizer, scheduler, learning_rate: float, weight
 
     Args:
         optimizer: the restored optimizer (param groups with "lr", "initial_lr", "weight_decay").
-        scheduler: its restored `torch.optim.lr_scheduler.LambdaLR`.
+        scheduler: its restored schedule; only a `LambdaLR` (every transformers schedule but the plateau one)
+            gets the learning rate.
         learning_rate: this run's base learning rate.
         weight_decay: this run's weight decay.
     """
     for group in optimizer.param_groups:
         group["weight_decay"] = weight_decay
-    if all(base == learning_rate for base in scheduler.base_lrs):
+    if not isinstance(scheduler, LambdaLR) or all(base == learning_rate for base in scheduler.base_lrs):
         return
     scheduler.base_lrs = [learning_rate] * len(optimizer.param_groups)
     for group, lr_lambda in zip(optimizer.param_groups, scheduler.lr_lambdas):
