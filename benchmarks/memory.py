@@ -127,6 +127,12 @@ class Phases:
 
 
 # ------------------------------------------------------------------------------------------- worker
+def _fp32_weights(spec: dict) -> bool:
+    """Whether the job trains without DeepSpeed: then in fp32 weights with bf16 compute (bf16-mixed), since
+    nothing else keeps fp32 master weights of bf16 ones (`exgrpo_pl.strategies.check_strategy`)."""
+    return spec["job"] == "step" and "deepspeed" not in str(spec["strategy"]).lower()
+
+
 def worker(spec: dict) -> dict:
     """One measurement in this process (see `--worker`)."""
     import torch
@@ -142,7 +148,8 @@ def worker(spec: dict) -> dict:
         model_name_or_path=spec["model_dir"], num_generations=work["k"],
         max_completion_length=work["completion"], micro_batch_size=spec["micro_batch_size"],
         learning_rate=1e-6, loss_type="dapo", scale_rewards="none" if preset else "group",
-        entropy_coef=0.001 if preset else 0.0, off_policy_correction="shaping", dtype="bfloat16",
+        entropy_coef=0.001 if preset else 0.0, off_policy_correction="shaping",
+        dtype="float32" if _fp32_weights(spec) else "bfloat16",
         attn_implementation="sdpa", gradient_checkpointing=True, validate_at_start=False,
     )  # fmt: skip
     meter = Meter(device)
@@ -233,7 +240,8 @@ def _step(module, meter: Meter, spec: dict, preset: bool) -> dict:
         prefill.append((replay.buffer, stored_rows(module, spec["stored"], work, spec["vocab"], questions)))
         callbacks.append(replay)
     trainer = Trainer(
-        accelerator="gpu" if spec["device"] == "cuda" else "cpu", devices=1, precision="bf16-true",
+        accelerator="gpu" if spec["device"] == "cuda" else "cpu", devices=1,
+        precision="bf16-mixed" if _fp32_weights(spec) else "bf16-true",
         strategy=spec["strategy"], max_steps=measured_step + 1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
         callbacks=callbacks,
