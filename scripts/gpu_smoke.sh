@@ -15,21 +15,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 STEPS=${STEPS:-6}
 VARIANT_TIMEOUT=${VARIANT_TIMEOUT:-100}
-WHEELS=${WHEELS:-scripts/.whl}
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/exgrpo-smoke.XXXXXX")
 echo "gpu_smoke: scratch directory $SCRATCH"
-
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
-    wanted=$(cat "$WHEELS/PYTHON_TAG" 2>/dev/null || echo "")
-    have=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-    if [[ -n "$wanted" && "$wanted" != "$have" ]]; then
-        echo "gpu_smoke: warning: wheels were prepared for $wanted, this Python is $have" >&2
-    fi
-    echo "gpu_smoke: installing $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS"
-    "$PY" -m pip install --quiet --no-index --no-deps --disable-pip-version-check \
-        --target "$SCRATCH/site" "$WHEELS"/*.whl
-    export PYTHONPATH="$SCRATCH/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
 
 # exgrpo_pl from this checkout: the package-dir mapping puts callbacks/ at exgrpo_pl.callbacks.
 mkdir -p "$SCRATCH/src"
@@ -38,16 +25,7 @@ rm -rf "$SCRATCH/src/exgrpo_pl/callbacks"
 cp -r callbacks "$SCRATCH/src/exgrpo_pl/callbacks"
 export PYTHONPATH="$SCRATCH/src${PYTHONPATH:+:$PYTHONPATH}"
 
-if ! "$PY" - <<'EOF'
-import deepspeed, lightning, torch, transformers
-print(f"gpu_smoke: torch {torch.__version__} (CUDA {torch.version.cuda}), lightning {lightning.__version__}, "
-      f"transformers {transformers.__version__}, deepspeed {deepspeed.__version__}")
-print(f"gpu_smoke: device {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
-EOF
-then
-    echo "gpu_smoke: packages missing; run scripts/prepare_gpu_wheels.sh where an index is reachable" >&2
-    exit 1
-fi
+source scripts/gpu_smoke_env.sh || exit 1
 
 status=0
 for variant in plain zero2 zero3 resume; do
