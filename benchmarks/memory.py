@@ -17,7 +17,9 @@ allocates the optimizer state, and replays nothing: the buffer is filled just be
 Phases: replay sampling and rescoring (`score_entropy`; the preset only), generation (and rewards), the
 update (`policy_update`: forwards, backwards, optimizer step). "step" is the whole training step. The
 rescoring call is also measured alone, on 64 and 1024 stored trajectories with the module's default
-rescoring micro-batch.
+rescoring micro-batch. "engine": one rollout call of the step's shape (questions x K rows, a 64-token prompt,
+the full budget) with the `hf` and the `static` engine (warmed up first, as before training): its peak, and
+the static engine's KV arena, which it keeps between calls (working tree only).
 
 On CPU the code before chunked log-probs (the parent of the commit that added exgrpo_pl/logprobs.py, checked
 out in a temporary git worktree) runs the same measurements ("before"), next to the working tree ("after").
@@ -59,7 +61,9 @@ WORK = {  # questions per step, K, completion tokens, training micro-batch
 }
 VARIANTS = ("GRPO", "paper preset")
 STORED = (64, 1024)
-PARTS = ("softmax", "rescore", "step")
+PARTS = ("softmax", "rescore", "step", "engine")
+ENGINE_PROMPT = 64
+"""Prompt tokens of each row in the engine measurement (its rows and budget are the step's)."""
 
 
 # ------------------------------------------------------------------------------------------- meters
@@ -155,8 +159,42 @@ def worker(spec: dict) -> dict:
     meter = Meter(device)
     if spec["job"] == "rescore":
         return _rescore_call(module, meter, spec)
+    if spec["job"] == "engine":
+        return _engine_call(module, meter, spec)
     torch.manual_seed(0)
     return _step(module, meter, spec, preset)
+
+
+def _engine_call(module, meter: Meter, spec: dict) -> dict:
+    """One rollout call of the step's shape (questions x K rows, the full budget) with `spec["engine"]`.
+
+    The static engine is warmed up first (its KV arena allocated, its step compiled on CUDA), as the module
+    does before training: the peak is that of a call in the middle of a run; `kv_arena` is what it keeps
+    allocated between calls.
+    """
+    import torch
+
+    from exgrpo_pl.engines import build_engine
+
+    module.configure_model()
+    module.to(spec["device"])
+    work = spec["work"]
+    engine = build_engine(spec["engine"], module.policy)
+    sampling = module._sampling(1.0)
+    rows = work["questions"] * work["k"]
+    if spec["engine"] == "static":
+        engine.warm_up([(rows, ENGINE_PROMPT, sampling)])
+    ids = torch.randint(3, 100, (rows, ENGINE_PROMPT), device=spec["device"])
+    sampling = type(sampling)(work["completion"], 1.0, 1.0, 0, (-1,))  # no stop token: the full budget
+    start = meter.reset()
+    started = time.perf_counter()
+    out = engine.generate(ids, torch.ones_like(ids, dtype=torch.bool), sampling)
+    seconds = time.perf_counter() - started
+    return {
+        "start": start, "peak": (peak := meter.peak()), "above_start": peak - start, "seconds": seconds,
+        "reserved": meter.reserved(),
+        "tokens": int(out.mask.sum()), "kv_arena": getattr(engine, "cache_bytes", 0),
+    }  # fmt: skip
 
 
 def _rescore_call(module, meter: Meter, spec: dict) -> dict:
@@ -459,10 +497,21 @@ def measure(args, key: str, work: dict, codes: dict[str, Path], tmp: Path) -> di
     }  # fmt: skip
     if "softmax" in args.parts:
         result["softmax"] = run_worker(dict(base, job="softmax"), ROOT)
-    if not {"rescore", "step"} & set(args.parts):
+    if not {"rescore", "step", "engine"} & set(args.parts):
         return result
     base["model_dir"] = str(tmp / "model")
     build_model(tmp / "model", MODEL[key], args.device)
+    if "engine" in args.parts:  # the working tree only: the arena is new
+        result["engine"] = {}
+        for engine in ("hf", "static"):
+            spec = dict(base, job="engine", engine=engine, variant="GRPO", stored=0, micro_batch_size=None)
+            entry = result["engine"][engine] = run_worker(spec, ROOT)
+            print(
+                f"engine {engine:6s} call of {work['questions'] * work['k']} rows x {ENGINE_PROMPT} + "
+                f"{work['completion']} tokens: {_mib(entry)}, KV arena "
+                f"{entry['kv_arena'] / 2**20:.1f} MiB, {entry['seconds']:.1f} s",
+                flush=True,
+            )
     for part in ("rescore", "step"):
         if part in args.parts:
             result[part] = {name: {} for name in codes}
@@ -545,6 +594,8 @@ def plot(everything: dict, path: Path) -> None:
     panels += [
         (device, "rescore") for device, result in everything.items() if result.get("rescore", {}).get("after")
     ]
+    if not panels:  # the engine part alone is printed, not drawn
+        return
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, (device, kind) in zip(axes[0], panels):
         result = everything[device]

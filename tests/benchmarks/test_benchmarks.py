@@ -81,6 +81,10 @@ def test_memory_benchmark(bench):
     assert set(result["step"]["after"]) == {"GRPO", "paper preset (64 stored)"}
     assert result["step"]["after"]["paper preset (64 stored)"]["rescored_rows"] == 64
     assert result["softmax"]["within_1e-6"] and result["softmax"]["chunk_size_independent"]
+    engine = result["engine"]
+    # 16 rows x 96 slots (64 + 16 rounded up) x 2 layers x keys and values x 2 heads x 16 dims in bf16
+    assert engine["static"]["kv_arena"] == 16 * 96 * 2 * 2 * 2 * 16 * 2 and engine["hf"]["kv_arena"] == 0
+    assert engine["static"]["tokens"] == engine["hf"]["tokens"] == 16 * 16  # the full budget, no stop token
     assert (out / "memory_quick.png").exists()
 
 

@@ -310,3 +310,48 @@ def test_every_bucket_shares_one_kv_arena_sized_by_the_warm_up(tiny):
     for bucket in engine._buckets.values():
         keys = bucket.cache.layers[0].keys
         assert keys.data_ptr() == arena.data_ptr()
+
+
+def flash_like_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Flash attention's rule on CPU: tokens outside the 2D mask are dropped (unpadding), then the causal rule
+    aligns the queries with the last valid keys (bottom right): a one-token query sees every valid key."""
+    batch, heads, queries, dim = query.shape
+    key = key.repeat_interleave(heads // key.shape[1], dim=1)  # [B, H, K, D]
+    value = value.repeat_interleave(heads // value.shape[1], dim=1)
+    valid = (
+        torch.ones(batch, key.shape[2], dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    )  # [B, K]
+    rank = valid.long().cumsum(-1) - 1  # [B, K] a key's place among the valid ones
+    if queries == key.shape[2]:  # no cache: queries are unpadded with the keys, each sees itself and before
+        last = rank.masked_fill(~valid, -1)  # [B, Q]
+    else:  # queries follow the cached keys: the last one sees every valid key
+        last = valid.sum(-1, keepdim=True) - queries + torch.arange(queries)  # [B, Q]
+    allowed = valid[:, None, :] & (rank[:, None, :] <= last[:, :, None])  # [B, Q, K]
+    scores = (query @ key.transpose(-1, -2)) * (scaling or dim**-0.5)  # [B, H, Q, K]
+    weights = scores.masked_fill(~allowed[:, None], float("-inf")).softmax(-1).nan_to_num(0.0)
+    return (weights @ value).transpose(1, 2).contiguous(), weights  # padding queries see nothing: 0
+
+
+def test_the_exact_mask_suits_a_kernel_with_no_causal_rule_for_one_token(tiny_model_dir, monkeypatch):
+    """Flash attention keeps only the 2D mask; under a CPU stand-in of its rule the static engine's tokens
+    still equal hf's, because a slot is valid only once written (with every unwritten slot marked valid, each
+    decode step would attend to the zeroed rest of the cache)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register("only_2d_mask_test", flash_like_attention)
+    AttentionMaskInterface.register("only_2d_mask_test", flash_attention_mask)
+    monkeypatch.setattr("exgrpo_pl.engines.static.ATTENTION_BACKENDS", ("only_2d_mask_test",))
+    model = load_policy(tiny_model_dir, attn_implementation="only_2d_mask_test")
+    generator = torch.Generator().manual_seed(1)
+    mask = torch.arange(6) >= torch.tensor([[0], [2], [3], [1], [4]])
+    ids = torch.randint(3, 16, (5, 6), generator=generator).masked_fill(~mask, PAD)
+    expected = HFEngine(model).generate(ids, mask, sampling(12))
+    engine = StaticCacheEngine(model, compile=False)
+    assert_same_completions(expected, engine.generate(ids, mask, sampling(12)))
+    sdpa = load_policy(tiny_model_dir)  # the stand-in is flash attention's rule, not another model
+    assert_same_completions(expected, HFEngine(sdpa).generate(ids, mask, sampling(12)))
+    torch.manual_seed(0)
+    got = engine.generate(ids, mask, sampling(12, temperature=1.0))
+    scored, _ = completion_logps(model, ids, mask, got.ids, got.mask, 1.0, with_entropy=False)
+    assert torch.allclose(got.logps[got.mask], scored[got.mask], atol=1e-5)
