@@ -498,10 +498,12 @@ class SafeModelCheckpoint(ModelCheckpoint):
             super().on_exception(trainer, pl_module, exception)
             return
         if self._last_checkpoint_saved:
-            saved, lost = self._last_checkpoint_saved, trainer.global_step - self._last_global_step_saved
+            step = self._last_global_step_saved
+            lost = trainer.global_step - step
+            redo = f", redoing the {lost} finished steps after it" if lost else ""
             kept = (
-                f"The newest checkpoint of this run, {saved} (step {self._last_global_step_saved}), is"
-                f' untouched; resuming from it (`ckpt_path="last"`) redoes the {lost} steps after it.'
+                f"The newest checkpoint of this run, {self._last_checkpoint_saved} (step {step}), is"
+                f' untouched: resuming from it (`ckpt_path="last"`) continues from step {step}{redo}.'
             )
         else:
             kept = "This run saved no checkpoint before it; older checkpoints are untouched."
