@@ -7,8 +7,12 @@ ones it was sampled with (a left-padded row scored with plain `arange` positions
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
+from transformers import GenerationConfig
 
 from exgrpo_pl.logprobs import DEFAULT_CHUNK_ELEMENTS, token_logps_and_entropy
 from exgrpo_pl.losses import masked_mean, token_entropy
@@ -37,6 +41,23 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_token_ids: list[int]) -
     return positions <= first_eos.unsqueeze(1), ~has_eos
 
 
+@contextmanager
+def plain_generation_config(model) -> Iterator[None]:
+    """Hide the checkpoint's generation config from `model.generate` for the duration.
+
+    `generate` fills every option it is not given from `model.generation_config`: a chat checkpoint's
+    repetition penalty, top-k, min-p or n-gram ban would reshape the distribution rollouts are drawn from,
+    which the loss (and the `static` engine) take to be softmax(logits / temperature) cut by top-p alone.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = base.generation_config
+    base.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        base.generation_config = saved
+
+
 @torch.no_grad()
 def sample_completions(
     model,
@@ -63,20 +84,19 @@ def sample_completions(
         truncated flags `[N]` (no EOS within `max_new_tokens`).
     """
     sampling = temperature > 0
-    out = model.generate(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask.long(),
-        do_sample=sampling,
-        temperature=temperature if sampling else None,
-        top_p=top_p if sampling else None,
-        top_k=0
-        if sampling
-        else None,  # transformers defaults to top_k=50; GRPO samples the full distribution
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad_token_id,
-        eos_token_id=eos_token_ids,
-        synced_gpus=synced_gpus,
-    )
+    with plain_generation_config(model):
+        out = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask.long(),
+            do_sample=sampling,
+            temperature=temperature if sampling else None,
+            top_p=top_p if sampling else None,
+            top_k=0 if sampling else None,  # transformers defaults to top_k=50; GRPO samples everything
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_token_id,
+            eos_token_id=eos_token_ids,
+            synced_gpus=synced_gpus,
+        )
     completion_ids = out[:, prompt_ids.shape[1] :]  # [N, C]
     mask, truncated = completion_mask_from_ids(completion_ids, eos_token_ids)
     return completion_ids.masked_fill(~mask, pad_token_id), mask, truncated

@@ -204,3 +204,19 @@ def test_training_logps_and_gradients_match_the_whole_tensor_path(tiny_policy):
     got = gradients(logps, entropy)
     for name, grad in want.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_checkpoints_sampling_defaults_do_not_reach_the_rollouts(tiny_model_dir):
+    """A chat checkpoint's generation config (repetition penalty, n-gram ban) changes what `generate` writes;
+    rollouts ignore it and are drawn from softmax(logits / temperature) with top-p, as the loss assumes."""
+    model = load_policy(tiny_model_dir)
+    mask = torch.arange(6) >= torch.tensor([[0], [2], [3]])
+    ids = torch.randint(3, 16, (3, 6), generator=torch.Generator().manual_seed(1)).masked_fill(~mask, 0)
+    options = dict(max_new_tokens=12, temperature=0.0, top_p=1.0, pad_token_id=0, eos_token_ids=[2])
+    plain, _, _ = sample_completions(model, ids, mask, **options)
+    model.generation_config.repetition_penalty = 100.0
+    model.generation_config.no_repeat_ngram_size = 1
+    skewed = model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=False, max_new_tokens=12)
+    assert not torch.equal(skewed[:, ids.shape[1] :], plain)  # the config does change generate's output
+    assert torch.equal(sample_completions(model, ids, mask, **options)[0], plain)
+    assert model.generation_config.repetition_penalty == 100.0  # the model's own config is back
