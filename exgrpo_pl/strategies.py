@@ -221,8 +221,8 @@ def _deepspeed_problems(
 
         problems.append(
             f"deepspeed {deepspeed.__version__} has no managed_gradient_accumulation setting: under ZeRO 1-2 "
-            "it would apply only the last micro-batch's gradient of each step; install a DeepSpeed that has "
-            "it (0.19.8 does)"
+            "it would apply only the last micro-batch's gradient of each step; install deepspeed>=0.19.5 "
+            "(0.19.4 added it, 0.19.5 with optimizer offload)"
         )
     formatted = getattr(trainer.strategy, "_config_initialized", False)  # Lightning has filled it in
     auto = _auto_keys(config)
