@@ -51,6 +51,7 @@ from torch.optim.lr_scheduler import LambdaLR
 _FIT = "fit_loop"
 _EPOCHS = "epoch_progress"
 _BATCHES = "epoch_loop.batch_progress"
+_VAL_BATCHES = "epoch_loop.val_loop.batch_progress"
 _LOOP_STATE = "epoch_loop.state_dict"
 _KEYS = ("ready", "started", "processed", "completed")
 
@@ -90,6 +91,10 @@ def resumable_fit_progress(checkpoint: dict[str, Any]) -> str | None:
         batches["total"]["completed"] = b_processed
         batches["current"].update(dict.fromkeys(_KEYS, 0))
         batches["is_last_batch"] = False
+        # The uninterrupted run zeroes the validation batches counted in the epoch when the next one starts;
+        # Lightning, resuming, takes that start for a restart and keeps them.
+        if _VAL_BATCHES in loop:
+            loop[_VAL_BATCHES]["total"].update(dict.fromkeys(_KEYS, 0))
         # Lightning counts a batch as stepped after on_train_batch_end and on_validation_end.
         stepped = 1 if kind == "batch" else 0
     elif kind == "batch":

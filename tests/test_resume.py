@@ -286,8 +286,11 @@ def test_checkpoints_saved_at_an_epochs_end_get_the_progress_of_the_next_epochs_
     assert progress(epoch) == ([1, 1, 1, 0], [3, 3, 3, 3], [3, 3, 3, 3], True, 3)
     assert progress(end) == ([1, 1, 1, 1], [3, 3, 3, 3], [3, 3, 3, 3], True, 3)
     for checkpoint in (batch, epoch, end):
+        val = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]["total"]
+        val.update(ready=2, started=2, processed=2, completed=2)  # as if the epoch had validated twice
         assert resumable_fit_progress(checkpoint) == "epoch end"
         assert progress(checkpoint) == ([1, 1, 1, 1], [3, 3, 3, 3], [0, 0, 0, 0], False, 3)
+        assert set(val.values()) == {0}  # zeroed, as the next epoch's start zeroes them
         assert resumable_fit_progress(checkpoint) is None
 
 
