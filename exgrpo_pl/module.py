@@ -86,7 +86,9 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         lr_scheduler_type: a transformers schedule name ("constant_with_warmup", "cosine", "linear", ...).
         max_grad_norm: gradient clipping by total norm; 0 disables it.
         max_nonfinite_steps: an update whose loss or gradient norm is NaN or infinite is skipped (the weights
-            stay as they were, `train/nonfinite_steps` counts it); this many in a row stop the run.
+            stay as they were, `train/nonfinite_steps` counts it); this many in a row stop the run. Under
+            DeepSpeed, a step it skips counts too; under fp16 loss scaling a gradient overflow is left to the
+            scaler (counted, not towards the limit).
         micro_batch_size: rollouts per forward/backward (bounds activation memory); None = all at once.
             Rescoring stored trajectories runs forwards of this many rows too (K when None).
         logit_chunk_elements: logits per float32 chunk of the log-prob and entropy work (training, reference
