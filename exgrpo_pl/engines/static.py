@@ -1,8 +1,9 @@
 """The `static` rollout engine: a static KV cache and a compiled one-token step with the sampler inside it.
 
 `model.generate` spends most of a decode step in Python: a growing cache, logits processors, and a device
-sync per token to ask whether every row is done. This engine allocates one `StaticCache` per shape bucket
-(rows and cache length rounded up, so steps of similar shape share it and its compiled graphs), runs the
+sync per token to ask whether every row is done. This engine sets up one `StaticCache` per shape bucket
+(rows and cache length rounded up, so steps of similar shape share it and its compiled graphs; every
+bucket's keys and values are views of one arena, the size of the largest), runs the
 prompt through it once (prefill, eager), then repeats one compiled function that feeds the last token,
 samples the next (temperature, top-p, greedy at temperature 0) and writes token, log-prob and the
 finished flags into buffers that live in the bucket. On CUDA it is compiled with mode "reduce-overhead", so a

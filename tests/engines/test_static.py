@@ -129,6 +129,11 @@ def test_bucket_sizes():
         StaticCacheEngine(torch.nn.Linear(1, 1), length_buckets=(64, 32))
 
 
+def test_a_forward_without_a_cache_argument_is_refused():
+    with pytest.raises(ValueError, match=r"needs a forward that takes `cache=`.*use rollout_engine='hf'"):
+        StaticCacheEngine(torch.nn.Linear(1, 1))
+
+
 def test_updated_weights_are_used_by_the_next_call(tiny):
     model, ids, mask = tiny
     model = load_policy(model.name_or_path)  # a copy this test may change
