@@ -1,6 +1,8 @@
 """Both engines as the module runs them: in train mode with gradient checkpointing on, and through
 `Trainer.fit`, whose validation runs under `torch.inference_mode`."""
 
+import logging
+
 import pytest
 import torch
 from conftest import tiny_module
@@ -111,12 +113,20 @@ def run(tmp_path, tiny_model_dir, engine, options, validate_first):
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
-def test_validation_during_fit_evicts_and_remakes_the_bucket_training_uses(tmp_path, tiny_model_dir, engine):
+def test_validation_during_fit_evicts_and_remakes_the_bucket_training_uses(
+    tmp_path, tiny_model_dir, engine, caplog
+):
     """One bucket kept (`max_buckets=1`): every change of shape drops a bucket and makes one. Lightning runs
-    the validation inside `fit` (sanity check included) under no_grad, not inference mode."""
-    module, log = run(
-        tmp_path, tiny_model_dir, engine, {"max_buckets": 1} if engine == "static" else {}, False
-    )
+    the validation inside `fit` (sanity check included) under no_grad, not inference mode. The warm-up
+    before training is timed in the log."""
+    options = {"max_buckets": 1} if engine == "static" else {}
+    lightning_log = logging.getLogger("lightning.pytorch")  # it does not propagate to caplog's root handler
+    lightning_log.addHandler(caplog.handler)
+    try:
+        module, log = run(tmp_path, tiny_model_dir, engine, options, validate_first=False)
+    finally:
+        lightning_log.removeHandler(caplog.handler)
+    assert f"rollout engine '{engine}' warmed up in" in caplog.text
     if log is None:
         return
     made_in_validation = {bucket for bucket, rows, _, new in log.calls if rows == 4 and new}
