@@ -525,9 +525,13 @@ class SafeModelCheckpoint(ModelCheckpoint):
                 f"Refusing to write checkpoint {filepath}: another rank's weights hold NaN or inf. Existing"
                 " checkpoints are untouched; resume from the newest one."
             )
+        local = _local(filepath)
+        if trainer.is_global_zero and local is not None and os.path.isdir(local):
+            # A save into an existing folder (save_last: true) makes it incomplete until the marker is back;
+            # DeepSpeed lets no rank write before the barrier that opens its save.
+            _delete(os.path.join(local, COMPLETE_MARKER))
         super()._save_checkpoint(trainer, filepath)
         # Trainer.save_checkpoint has passed its barrier: every rank's DeepSpeed shards are written.
-        local = _local(filepath)
         if trainer.is_global_zero and local is not None and os.path.isdir(local):
             mark_complete(local)
 

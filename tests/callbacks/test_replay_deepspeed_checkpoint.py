@@ -13,6 +13,7 @@ thing faked: `DeepSpeedStrategy` refuses a non-CUDA accelerator in `setup_enviro
 import multiprocessing
 import os
 import socket
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -251,3 +252,26 @@ def test_a_deepspeed_folder_is_marked_complete_after_every_rank_wrote_its_shards
     assert (folder / "latest").is_file()
     with pytest.warns(UserWarning, match="no complete checkpoint"):
         assert newest_complete_checkpoint([str(tmp_path / "ckpt")]) is None
+
+
+def test_a_save_into_an_existing_folder_unmarks_it_until_every_rank_has_written(tmp_path):
+    """save_last: true saves into the same folder again: a kill during that save must not leave the old marker
+    over half-written shards. A stand-in trainer records what a rank would see while DeepSpeed writes."""
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    marked_while_writing = []
+
+    def save_checkpoint(filepath, weights_only=False):
+        marked_while_writing.append((folder / COMPLETE_MARKER).exists())
+        (folder / "latest").write_text("checkpoint")
+
+    trainer = SimpleNamespace(
+        lightning_module=torch.nn.Linear(2, 2), is_global_zero=True, global_step=1, loggers=[],
+        strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision),
+        save_checkpoint=save_checkpoint,
+    )  # fmt: skip
+    checkpoint = SafeModelCheckpoint(dirpath=tmp_path, save_last=True)
+    for _ in range(2):
+        checkpoint._save_checkpoint(trainer, str(folder))
+        assert (folder / COMPLETE_MARKER).is_file()
+    assert marked_while_writing == [False, False]
