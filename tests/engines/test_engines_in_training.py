@@ -129,8 +129,8 @@ def test_validation_during_fit_evicts_and_remakes_the_bucket_training_uses(
     assert f"rollout engine '{engine}' warmed up in" in caplog.text
     if log is None:
         return
-    made_in_validation = {bucket for bucket, rows, _, new in log.calls if rows == 4 and new}
-    assert len(made_in_validation) == 4  # warm-up, sanity check, the validations after steps 2 and 4
+    made_for_4_rows = {bucket for bucket, rows, _, new in log.calls if rows == 4 and new}
+    assert len(made_for_4_rows) == 4  # warm-up, sanity check, the validations after steps 2 and 4
     assert sum(not new for _, rows, _, new in log.calls if rows == 4) == 4  # the 4 steps reused them
     assert not any(inference for _, _, inference, _ in log.calls)
 
@@ -139,9 +139,8 @@ def test_validation_during_fit_evicts_and_remakes_the_bucket_training_uses(
 def test_fit_after_validate_fills_buckets_made_under_inference_mode(tmp_path, tiny_model_dir, engine):
     """`trainer.validate` runs under `torch.inference_mode`; a later `fit` of the same module reuses the
     buckets it made (`max_buckets=2` keeps both shapes), in the warm-up, the sanity check and every step."""
-    module, log = run(
-        tmp_path, tiny_model_dir, engine, {"max_buckets": 2} if engine == "static" else {}, True
-    )
+    options = {"max_buckets": 2} if engine == "static" else {}
+    module, log = run(tmp_path, tiny_model_dir, engine, options, validate_first=True)
     if log is None:
         return
     made_under_inference = {bucket for bucket, _, inference, new in log.calls if inference and new}
