@@ -1,0 +1,367 @@
+"""Replays, as a hostile user would, the failures of issue 19's items 2, 3, 5 and 6 through `exgrpo fit`.
+
+Each probe runs the quickstart (cut to a few steps) with one hostile change and prints one line: its
+outcome ("clear error": the run stops with a message that names the file, option or function; "works": the
+run does the right thing; "FAILED" otherwise), the seconds it took and the evidence. Writes
+results/hostile_probes.json. The full-disk probes mount a small tmpfs and need root; without it they say so.
+
+    python benchmarks/hostile_probes.py              # all probes, about 10 minutes on 2 cores
+    python benchmarks/hostile_probes.py --only url   # the probes whose name contains "url"
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import http.server
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).parent / "results" / "hostile_probes.json"
+QUICK = [
+    "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model.validate_at_start=false",
+    "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+]  # fmt: skip
+# Reward functions the probes name by class_path; the run finds them through PYTHONPATH.
+PROBE_REWARDS = '''
+import re
+
+class Backtracking:
+    """Exponential backtracking in `re`, which keeps the GIL for the whole match: never returns."""
+
+    def __call__(self, prompts, completions, **columns):
+        return [0.0 if re.fullmatch(r"(a+)+$", "a" * 60 + "!") else 1.0 for _ in completions]
+
+
+class FailsOnThirdCall:
+    """Raises in the third training step, as a reward function meeting a row it cannot handle would."""
+
+    in_process = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, prompts, completions, answer, **columns):
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("the reward function met a row it cannot handle")
+        return [1.0 if c.strip() == str(a) else 0.0 for c, a in zip(completions, answer)]
+'''
+
+
+class WritesMarker:
+    """Unpickling this creates the file `marker`: a harmless stand-in for code in a malicious checkpoint."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def exgrpo(workdir: Path, *args: str, timeout: float = 600, signal_when: tuple | None = None) -> dict:
+    """Runs `exgrpo fit` with `args` in `workdir`; `signal_when=(ready, signum)` sends it `signum` 2 s after
+    `ready(process)` first returns True."""
+    env = {**os.environ, "PYTHONPATH": f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env["TMPDIR"] = str(workdir / "tmp")
+    (workdir / "tmp").mkdir(exist_ok=True)
+    command = [sys.executable, "-m", "exgrpo_pl.cli", "fit", *QUICK, *args]
+    started = time.monotonic()
+    process = subprocess.Popen(
+        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    sent: dict[str, float] = {}
+    if signal_when is not None:
+        threading.Thread(target=signal_once, args=(process, *signal_when, sent), daemon=True).start()
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+    ended = time.monotonic()
+    return {
+        "pid": process.pid, "code": process.returncode, "seconds": ended - started,
+        "output": output.decode(errors="replace"),
+        "after_signal": ended - sent["at"] if "at" in sent else None,
+    }  # fmt: skip
+
+
+def signal_once(process: subprocess.Popen, ready: Callable, signum: int, sent: dict) -> None:
+    while process.poll() is None and not ready(process):
+        time.sleep(0.5)
+    time.sleep(2.0)
+    if process.poll() is None:
+        sent["at"] = time.monotonic()
+        process.send_signal(signum)
+
+
+def last_error(output: str) -> str:
+    """The last line that reads like an exception or a warning, for the evidence column."""
+    lines = [
+        line.strip()
+        for line in output.splitlines()
+        if re.search(r"(Error|Exception|Warning|Terminated)\b", line)
+    ]
+    return lines[-1][:300] if lines else output.strip().splitlines()[-1][:300] if output.strip() else ""
+
+
+def verdict(ok: bool, kind: str) -> str:
+    return kind if ok else "FAILED"
+
+
+# ---------------------------------------------------------------------------------------------- item 2
+@contextlib.contextmanager
+def serving(directory: Path):
+    """An HTTP server on 127.0.0.1 for the files of `directory`; yields its base URL."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def payload(workdir: Path) -> tuple[Path, Path]:
+    marker = workdir / "payload-ran"
+    torch.save({"state_dict": {}, "global_step": 1, "evil": WritesMarker(str(marker))}, workdir / "evil.ckpt")
+    return workdir / "evil.ckpt", marker
+
+
+def probe_url_payload(workdir: Path) -> tuple[str, str, dict]:
+    path, marker = payload(workdir)
+    with serving(workdir) as url:
+        run = exgrpo(workdir, "--trainer.max_steps=1", f"--ckpt_path={url}/{path.name}")
+    ok = run["code"] != 0 and not marker.exists() and "UnsafeCheckpointError" in run["output"]
+    return verdict(ok, "clear error"), f"payload ran: {marker.exists()}; {last_error(run['output'])}", run
+
+
+def probe_local_payload(workdir: Path) -> tuple[str, str, dict]:
+    path, marker = payload(workdir)
+    run = exgrpo(workdir, "--trainer.max_steps=1", f"--ckpt_path={path}")
+    ok = run["code"] != 0 and not marker.exists() and str(path) in run["output"]
+    return verdict(ok, "clear error"), f"payload ran: {marker.exists()}; {last_error(run['output'])}", run
+
+
+# ---------------------------------------------------------------------------------------------- item 3
+BACKTRACKING = "--model.reward_funcs=[{class_path: probe_rewards.Backtracking}]"
+FAILING = "--model.reward_funcs=[{class_path: probe_rewards.FailsOnThirdCall}]"
+
+
+def write_rewards(workdir: Path) -> None:
+    (workdir / "probe_rewards.py").write_text(PROBE_REWARDS)
+
+
+def worker_processes(parent: int) -> set[int]:
+    """The pids of the running reward worker processes that `parent` started (its pid ends their command)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            ours = str(parent).encode() in command  # the worker's last argument is its parent's pid
+            if entry.name.isdigit() and ours and any(part.endswith(b"_worker_main.py") for part in command):
+                pids.add(int(entry.name))
+    return pids
+
+
+def probe_gil_reward_limit(workdir: Path) -> tuple[str, str, dict]:
+    write_rewards(workdir)
+    run = exgrpo(
+        workdir, "--trainer.max_steps=2", BACKTRACKING, "--model.reward_timeout_seconds=2", timeout=300,
+    )  # fmt: skip
+    left = worker_processes(run["pid"])
+    ok = run["code"] != 0 and "did not return within 2 s" in run["output"] and not left
+    detail = f"stopped after {run['seconds']:.0f} s (limit 2 s), workers left: {len(left)}"
+    detail += f"; {last_error(run['output'])}"
+    return verdict(ok, "clear error"), detail, run
+
+
+def probe_signal_during_reward(workdir: Path, signum: int) -> tuple[str, str, dict]:
+    write_rewards(workdir)
+    # The default limit (600 s); the signal comes 2 s after the reward's worker process has started.
+    run = exgrpo(
+        workdir, "--trainer.max_steps=2", BACKTRACKING,
+        signal_when=(lambda process: bool(worker_processes(process.pid)), signum), timeout=300,
+    )  # fmt: skip
+    left = worker_processes(run["pid"])
+    in_reward = "Terminated" in run["output"] or "KeyboardInterrupt" in run["output"]
+    after = run["after_signal"]
+    ok = run["code"] != 0 and in_reward and not left and after is not None
+    name = signal.Signals(signum).name
+    detail = f"{name} 2 s into the reward: exited {after or 0:.1f} s later, code {run['code']}"
+    detail += f", workers left: {len(left)}"
+    return verdict(ok, "works"), f"{detail}; {last_error(run['output'])}", run
+
+
+# ---------------------------------------------------------------------------------------------- item 5
+@contextlib.contextmanager
+def small_disk(workdir: Path, size: str):
+    """A tmpfs of `size` mounted at workdir/disk (root only); yields its path or None."""
+    disk = workdir / "disk"
+    disk.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)]).returncode
+    ):
+        yield None
+        return
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)])
+
+
+def probe_full_disk(workdir: Path) -> tuple[str, str, dict]:
+    # A quickstart checkpoint is 4.1 MB: the first save (step 2) fits in 6 MB, the second (step 4) does not.
+    with small_disk(workdir, "6M") as disk:
+        if disk is None:
+            return "not run", "mounting a tmpfs needs root", {}
+        run = exgrpo(
+            workdir, "--trainer.max_steps=6", f"--trainer.default_root_dir={disk}",
+            "--trainer.callbacks+=exgrpo_pl.checkpointing.SafeModelCheckpoint",
+            "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_last=link",
+        )  # fmt: skip
+        saved = sorted(disk.glob("lightning_logs/*/checkpoints/*.ckpt"))
+        names = [p.name for p in saved]
+        older = [p for p in saved if p.name == "epoch=0-step=2.ckpt"]
+        loads = bool(older) and torch.load(older[0], weights_only=True)["global_step"] == 2
+    ok = (
+        run["code"] != 0
+        and "No space left to write" in run["output"]
+        and "step=4.ckpt" in run["output"]
+        and loads
+    )
+    return (
+        verdict(ok, "clear error"),
+        f"left {names}, step 2 loads: {loads}; {last_error(run['output'])}",
+        run,
+    )
+
+
+def probe_exception_in_training(workdir: Path) -> tuple[str, str, dict]:
+    write_rewards(workdir)
+    run = exgrpo(
+        workdir, "--trainer.max_steps=6", FAILING,
+        "--trainer.callbacks+=exgrpo_pl.checkpointing.SafeModelCheckpoint",
+        "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_last=link",
+        f"--trainer.default_root_dir={workdir / 'run'}",
+    )  # fmt: skip
+    saved = sorted(p.name for p in (workdir / "run").glob("lightning_logs/*/checkpoints/*.ckpt"))
+    said = re.search(r"no checkpoint is saved on the way out.*?step=2.ckpt \(step 2\)", run["output"])
+    ok = run["code"] != 0 and said is not None and saved == ["epoch=0-step=2.ckpt", "last.ckpt"]
+    return verdict(ok, "clear error"), f"left {saved}; says why: {said is not None}", run
+
+
+# ---------------------------------------------------------------------------------------------- item 6
+def probe_option(*args: str, expect: str) -> Callable[[Path], tuple[str, str, dict]]:
+    def probe(workdir: Path) -> tuple[str, str, dict]:
+        run = exgrpo(workdir, "--trainer.max_steps=2", *args)
+        ok = run["code"] != 0 and re.search(expect, run["output"]) is not None
+        return verdict(ok, "clear error"), last_error(run["output"]), run
+
+    return probe
+
+
+def probe_incomplete_ckpt(content: bytes) -> Callable[[Path], tuple[str, str, dict]]:
+    def probe(workdir: Path) -> tuple[str, str, dict]:
+        (workdir / "cut.ckpt").write_bytes(content)
+        run = exgrpo(workdir, "--trainer.max_steps=1", f"--ckpt_path={workdir / 'cut.ckpt'}")
+        ok = run["code"] != 0 and "cut.ckpt: not a complete checkpoint" in run["output"]
+        return verdict(ok, "clear error"), last_error(run["output"]), run
+
+    return probe
+
+
+def probe_checkpoint_name(workdir: Path) -> tuple[str, str, dict]:
+    run = exgrpo(workdir, "--trainer.max_steps=15", f"--trainer.default_root_dir={workdir / 'run'}")
+    names = sorted(p.name for p in (workdir / "run").glob("lightning_logs/*/checkpoints/*.ckpt"))
+    # 1,800 training questions in batches of 32: step 15 is in epoch 0.
+    return verdict(run["code"] == 0 and "epoch=0-step=15.ckpt" in names, "works"), f"saved {names}", run
+
+
+def probe_inductor_dir(workdir: Path) -> tuple[str, str, dict]:
+    run = exgrpo(workdir, "--trainer.max_steps=1")
+    left = sorted(p.name for p in (workdir / "tmp").iterdir())
+    outcome = "works" if run["code"] == 0 and not left else "not fixed"
+    return (
+        outcome,
+        f"left in $TMPDIR: {left} (torch creates its compile cache dir on `import torch._dynamo`)",
+        run,
+    )
+
+
+def full_checkpoint(workdir: Path) -> Path:
+    """A real quickstart checkpoint (one step)."""
+    run = exgrpo(workdir, "--trainer.max_steps=1", f"--trainer.default_root_dir={workdir / 'seed'}")
+    assert run["code"] == 0, run["output"][-2000:]
+    return next((workdir / "seed").glob("lightning_logs/*/checkpoints/epoch=*.ckpt"))
+
+
+def probe_truncated_ckpt(workdir: Path) -> tuple[str, str, dict]:
+    data = full_checkpoint(workdir).read_bytes()
+    return probe_incomplete_ckpt(data[: len(data) // 2])(workdir)
+
+
+PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
+    "2 url checkpoint payload": probe_url_payload,
+    "2 local checkpoint payload": probe_local_payload,
+    "3 GIL-holding reward, 2 s limit": probe_gil_reward_limit,
+    "3 SIGTERM in endless reward": functools.partial(probe_signal_during_reward, signum=signal.SIGTERM),
+    "3 SIGINT in endless reward": functools.partial(probe_signal_during_reward, signum=signal.SIGINT),
+    "5 disk full at 2nd save": probe_full_disk,
+    "5 exception in training": probe_exception_in_training,
+    "6 reward_weights [.nan]": probe_option(
+        "--model.reward_weights=[.nan]", expect=r"reward_weights\[0\]=nan"
+    ),
+    "6 reward_weights [1e39]": probe_option(
+        "--model.reward_weights=[1e39]", expect=r"reward_weights\[0\]=1e\+39"
+    ),
+    "6 learning_rate 1e38": probe_option(
+        "--model.learning_rate=1e38", expect=r"learning_rate=1e\+38: must be"
+    ),
+    "6 num_generations 100000": probe_option(
+        "--model.num_generations=100000", expect=r"num_generations=100000: a"
+    ),
+    "6 0-byte --ckpt_path": probe_incomplete_ckpt(b""),
+    "6 truncated --ckpt_path": probe_truncated_ckpt,
+    "6 max_steps mid-epoch name": probe_checkpoint_name,
+    "6 torchinductor_root in TMPDIR": probe_inductor_dir,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run the probes whose name contains this")
+    args = parser.parse_args()
+    results = []
+    for name, probe in PROBES.items():
+        if args.only not in name:
+            continue
+        with tempfile.TemporaryDirectory(prefix="probe-") as directory:
+            started = time.monotonic()
+            outcome, detail, run = probe(Path(directory))
+            seconds = time.monotonic() - started
+        print(f"{name:<34} {outcome:<12} {seconds:5.0f} s  {detail}", flush=True)
+        tail = run.get("output", "")[-3000:]
+        results.append(
+            {"probe": name, "outcome": outcome, "seconds": round(seconds, 1), "detail": detail, "tail": tail}
+        )
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
