@@ -57,6 +57,15 @@ def _check_buckets(name: str, buckets) -> tuple[int, ...]:
     return buckets
 
 
+def _mark_static(tensor: Tensor) -> None:
+    """Tell the compiler `tensor` keeps its address, so a CUDA graph reads it where it is.
+
+    Unguarded, as torch >= 2.9 does by default: older torch guards the tensor's identity by default (a
+    recompilation for every new bucket) and keeps guarded tensors alive until `torch._dynamo.reset()`.
+    """
+    torch._dynamo.mark_static_address(tensor, guard=False)
+
+
 def _meta_cache(config, rows: int, length: int, dtype: torch.dtype) -> StaticCache:
     """A `StaticCache` of `rows` x `length` slots laid out on the meta device: shapes, no memory."""
     text = config.get_text_config(decoder=True)
@@ -86,10 +95,10 @@ def _place(cache: StaticCache, arena: Tensor) -> None:
             view = arena[offset : offset + shape.numel()].view(shape)
             offset += shape.numel()
             setattr(layer, name, view)
-            torch._dynamo.mark_static_address(view)
+            _mark_static(view)
         layer.device = arena.device
         layer.cumulative_length = torch.zeros((), dtype=torch.long, device=arena.device)
-        torch._dynamo.mark_static_address(layer.cumulative_length)
+        _mark_static(layer.cumulative_length)
         left = [key for key, value in vars(layer).items() if isinstance(value, Tensor) and value.is_meta]
         if left:
             raise ValueError(
@@ -122,7 +131,7 @@ class _Bucket:
         self.pad = torch.zeros((), dtype=torch.long, device=device)
         self.eos = torch.zeros(0, dtype=torch.long, device=device)  # [E]
         for buffer in self._buffers():
-            torch._dynamo.mark_static_address(buffer)
+            _mark_static(buffer)
 
     def _buffers(self) -> list[Tensor]:
         return [
@@ -153,7 +162,7 @@ class _Bucket:
         eos = torch.tensor(sampling.eos_token_ids, dtype=torch.long, device=self.eos.device)
         if eos.shape != self.eos.shape:  # a new EOS count is a new graph input shape: recompiles once
             self.eos = eos
-            torch._dynamo.mark_static_address(self.eos)
+            _mark_static(self.eos)
         else:
             self.eos.copy_(eos)
 
