@@ -5,7 +5,8 @@ unless it is marked `in_process` (the linear-time verifiers, and `MathVerifyRewa
 already kills a worker of its own): those are called directly, as without a limit. This prints, for a
 batch of 8 prompts x 8 completions, the median milliseconds per `compute_rewards` call over several rounds,
 with no limit and with one, and the difference: what the limit adds to each reward function's call (once
-per function per training step). The worker's start (paid once per process) is left out.
+per function per training step), and the first limited call, which starts the worker (once per process;
+the worker imports what the reward's module imports, torch for the shipped ones).
 
     python benchmarks/reward_timeout.py     # 7 rounds of 200 calls; writes results/reward_timeout.json
 """
@@ -67,7 +68,8 @@ def main() -> None:
     }
     results = {}
     for name, fn in rewards.items():
-        seconds_per_call(fn, 20, args.completions, 60.0)  # warm-up (starts the worker once)
+        first = seconds_per_call(fn, 1, args.completions, 60.0)  # starts the worker, if it runs in one
+        seconds_per_call(fn, 20, args.completions, 60.0)  # warm-up
         # Alternate the two so that machine noise hits both alike.
         runs: dict[str, list[float]] = {"no limit": [], "limit": []}
         for _ in range(args.rounds):
@@ -75,11 +77,12 @@ def main() -> None:
             runs["limit"].append(seconds_per_call(fn, args.calls, args.completions, 60.0) * 1e3)
         median = {way: statistics.median(values) for way, values in runs.items()}
         path = "direct" if getattr(fn, "in_process", False) else "worker process"
-        results[name] = {"path": path, "ms_per_call": median, "rounds": runs}
+        results[name] = {"path": path, "first_call_s": first, "ms_per_call": median, "rounds": runs}
         print(
             f"{name:>17} ({path:>14}): no limit {median['no limit']:.3f} ms, limit {median['limit']:.3f} ms"
             f" per call of {args.completions} completions: the limit adds"
-            f" {median['limit'] - median['no limit']:.3f} ms (medians of {args.rounds} rounds)"
+            f" {median['limit'] - median['no limit']:.3f} ms (medians of {args.rounds} rounds); first limited"
+            f" call {first:.2f} s"
         )
     RESULTS.write_text(json.dumps({"settings": vars(args), "rewards": results}, indent=1) + "\n")
 
