@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).parent / "results" / "hostile_probes.json"
+RESULTS = Path(__file__).parent / "results"
 QUICK = [
     "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model.validate_at_start=false",
     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
@@ -360,7 +360,7 @@ def main() -> None:
         results.append(
             {"probe": name, "outcome": outcome, "seconds": round(seconds, 1), "detail": detail, "tail": tail}
         )
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    (RESULTS / "hostile_probes.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from exgrpo_pl.rewards import (
     compute_rewards,
 )
 
-RESULTS = Path(__file__).parent / "results" / "reward_timeout.json"
+RESULTS = Path(__file__).parent / "results"
 
 
 def plain(prompts: list[str], completions: list[str], **columns) -> list[float]:
@@ -84,7 +84,8 @@ def main() -> None:
             f" {median['limit'] - median['no limit']:.3f} ms (medians of {args.rounds} rounds); first limited"
             f" call {first:.2f} s"
         )
-    RESULTS.write_text(json.dumps({"settings": vars(args), "rewards": results}, indent=1) + "\n")
+    summary = {"settings": vars(args), "rewards": results}
+    (RESULTS / "reward_timeout.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
 if __name__ == "__main__":

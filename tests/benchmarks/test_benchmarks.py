@@ -149,14 +149,19 @@ def test_reasoning_budget_benchmark(bench, capsys):
     assert re.search(r"drawn 160 \(", printed)  # 5 steps of 32 questions
 
 
-def test_reward_timeout_benchmark(bench, capsys):
-    bench("reward_timeout", "--calls", "20", "--rounds", "2")
-    printed = capsys.readouterr().out
-    no_limit, limit = (
-        float(re.search(rf"^ *{name}: ([0-9.]+) ms", printed, re.M)[1]) for name in ("no limit", "limit")
-    )
-    added = float(re.search(r"the limit adds (-?[0-9.]+) ms", printed)[1])
-    assert no_limit > 0 and limit > 0 and added == pytest.approx(limit - no_limit, abs=2e-3)
+def test_reward_timeout_benchmark(bench):
+    results = bench("reward_timeout", "--calls", "20", "--rounds", "2")
+    rewards = json.loads((results / "reward_timeout.json").read_text())["rewards"]
+    assert rewards["ArithmeticReward"]["path"] == "direct"
+    assert rewards["FormatReward"]["path"] == "worker process"
+    for measured in rewards.values():
+        assert all(len(times) == 2 and min(times) > 0 for times in measured["rounds"].values())
+
+
+def test_hostile_probes_benchmark(bench):
+    results = bench("hostile_probes", "--only", "learning_rate")
+    (probe,) = json.loads((results / "hostile_probes.json").read_text())
+    assert probe["probe"] == "6 learning_rate 1e38" and probe["outcome"] == "clear error"
 
 
 def test_resume_exact_benchmark(bench):
