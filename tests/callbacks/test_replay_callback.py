@@ -162,6 +162,8 @@ def test_retired_questions_leave_on_policy_sampling(tmp_path, tiny_model_dir):
     def starts_with_one(prompts, completions, **columns):  # every rollout of these questions is "correct"
         return [float(p.startswith("1")) for p in prompts]
 
+    starts_with_one.in_process = True  # a local function cannot reach the time limit's worker process
+
     trainer, rollouts = fit(
         tmp_path,
         tiny_model_dir,
@@ -180,6 +182,9 @@ def test_retired_questions_leave_on_policy_sampling(tmp_path, tiny_model_dir):
 
 def _solved_unless_starting_with_one(prompts, completions, **columns):
     return [float(not p.startswith("1")) for p in prompts]
+
+
+_solved_unless_starting_with_one.in_process = True  # a worker process would import this test module (seconds)
 
 
 def _retiring_fit(tmp_path, tiny_model_dir, bucketer, max_epochs=2):
