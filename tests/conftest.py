@@ -27,10 +27,12 @@ def tiny_module(model_dir, **overrides) -> ExGRPOModule:
     """An ExGRPOModule on the tiny model, K = 4, 4-token completions.
 
     A random model never solves arithmetic; a format reward varies across its samples, so groups have
-    non-zero advantages and the policy really moves.
+    non-zero advantages and the policy really moves. Without a reward time limit: a limited reward runs in
+    a worker process that each test process (and DDP rank) would start, seconds each; tests/rewards tests
+    the limit.
     """
     settings = dict(
         model_name_or_path=model_dir, num_generations=4, max_completion_length=4, learning_rate=1e-3,
-        reward_funcs=[FormatReward(r"[0-9].*")],
+        reward_funcs=[FormatReward(r"[0-9].*")], reward_timeout_seconds=None,
     )  # fmt: skip
     return ExGRPOModule(**{**settings, **overrides})
