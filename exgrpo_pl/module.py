@@ -289,7 +289,11 @@ class ExGRPOModule(ReplayMixin, LightningModule):
             val_rows = (data.hparams.val_batch_size or data.hparams.batch_size) * hp.val_num_generations
             calls.append((val_rows, hp.max_prompt_length, val_temperature))
         started = time.perf_counter()
-        self.engine.warm_up([(rows, width, self._sampling(t)) for rows, width, t in calls])
+        # On its own generator states: a resumed run has restored the global ones already, and the warm-up's
+        # sampling must not shift the rollouts that follow.
+        cuda = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            self.engine.warm_up([(rows, width, self._sampling(t)) for rows, width, t in calls])
         seconds = time.perf_counter() - started
         rank_zero_info(f"rollout engine {hp.rollout_engine!r} warmed up in {seconds:.1f} s")
 

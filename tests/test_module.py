@@ -1,5 +1,7 @@
 """ExGRPOModule: config validation, the update math end to end, and real Trainer runs on a tiny model."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import tiny_module
@@ -230,3 +232,17 @@ def test_kl_to_a_frozen_reference_only_when_beta_is_positive(tiny_model_dir, tmp
     trainer.fit(module, datamodule=make_data())
     assert float(trainer.logged_metrics["train/kl"]) > 0  # the policy moved away from the reference
     assert all(torch.equal(a, b) for a, b in zip(reference, module.reference.parameters()))
+
+
+def test_the_engine_warm_up_leaves_the_global_generator_alone(tiny_model_dir):
+    """A resumed run restores the generators before `on_fit_start`: the warm-up must not draw from them."""
+    module = tiny_module(tiny_model_dir)
+    module.configure_model()
+    data = PromptDataModule(synthetic=ArithmeticTask(num_questions=40, seed=1), batch_size=4)
+    data.setup("fit")
+    module._trainer = SimpleNamespace(datamodule=data)
+    calls = []
+    module.engine.warm_up = lambda shapes: calls.append(torch.rand(3))  # samples, as the static engine does
+    before = torch.get_rng_state()
+    module.on_fit_start()
+    assert calls and torch.equal(torch.get_rng_state(), before)
