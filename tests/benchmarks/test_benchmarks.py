@@ -55,7 +55,7 @@ def test_overhead_benchmark(bench):
 
 
 def test_learning_benchmark(bench):
-    names = ("GRPO", "ExGRPO paper", "paper preset, no replay", "paper, retire from buffer, bounded demand")
+    names = ("GRPO", "ExGRPO paper", "paper, retire from buffer, bounded demand")
     out = bench("learning", "--quick", "--seeds", "1", "--steps", "4", "--variants", *names)
     result = json.loads((out / "learning_quick.json").read_text())
     assert set(result["runs"]) == {"arithmetic", "reasoning", "small_pool"}
