@@ -85,7 +85,7 @@ class NaNGradients(Callback):
 
 
 def _deepspeed_fit(model_dir: str, out: str, poisoned: list[int], max_nonfinite_steps: int) -> None:
-    """In a forked child: a one-process DeepSpeed ZeRO-2 fit on the CPU (gloo), results to `out`."""
+    """In a child process: a one-process DeepSpeed ZeRO-2 fit on the CPU (gloo), results to `out`."""
     import os
     import socket
 
@@ -120,7 +120,9 @@ def _deepspeed_fit(model_dir: str, out: str, poisoned: list[int], max_nonfinite_
 def test_a_step_deepspeed_skips_counts_as_a_non_finite_step(tiny_model_dir, tmp_path, poisoned, limit):
     pytest.importorskip("deepspeed")
     out = tmp_path / "record.json"
-    child = multiprocessing.get_context("fork").Process(
+    # Spawned, not forked: a fork of the test process, which earlier tests left with threads (gloo, reward
+    # workers' readers), can inherit a lock held by one of them and hang.
+    child = multiprocessing.get_context("spawn").Process(
         target=_deepspeed_fit, args=(tiny_model_dir, str(out), poisoned, limit)
     )
     child.start()
