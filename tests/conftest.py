@@ -1,5 +1,7 @@
 """Shared test pieces: a tiny random causal LM saved with `save_pretrained` (as a user's checkpoint would be),
-and the tiny GRPO module most Trainer tests train."""
+and the tiny GRPO module most Trainer tests train; `is_gone` for tests of worker processes."""
+
+import os
 
 import pytest
 import torch
@@ -36,3 +38,12 @@ def tiny_module(model_dir, **overrides) -> ExGRPOModule:
         reward_funcs=[FormatReward(r"[0-9].*")], reward_timeout_seconds=None,
     )  # fmt: skip
     return ExGRPOModule(**{**settings, **overrides})
+
+
+def is_gone(pid):
+    """True once `pid` has exited and been reaped (a zombie still exists for `os.kill`)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

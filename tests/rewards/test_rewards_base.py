@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import is_gone
 from worker_rewards import backtracking, missing_column, nan_scores, ones
 
 from exgrpo_pl.rewards import (
@@ -233,15 +234,6 @@ def test_class_reward_is_named_by_its_name_attribute():
 
 def worker_pid():
     return base._worker.process.pid
-
-
-def is_gone(pid):
-    """True once `pid` has exited and been reaped (a zombie still exists for `os.kill`)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_a_limited_call_runs_in_the_worker_and_returns_its_scores():

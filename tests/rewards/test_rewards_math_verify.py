@@ -16,6 +16,7 @@ import time
 import warnings
 
 import pytest
+from conftest import is_gone
 
 from exgrpo_pl.rewards import MathVerifyReward, extract_boxed
 
@@ -83,15 +84,6 @@ def fake_math_verify(tmp_path, monkeypatch):
 
 def worker_pid(reward):
     return reward._worker.process.pid
-
-
-def is_gone(pid):
-    """True once `pid` has exited and been reaped (a zombie still exists for `os.kill`)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_missing_package_names_the_install_command(monkeypatch):
