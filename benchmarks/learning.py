@@ -94,6 +94,7 @@ VARIANTS = {
     "GRPO": ("grpo_baseline", None, 45.3),
     "ExGRPO paper": ("exgrpo_paper", None, 48.3),
     "ExGRPO seed": ("exgrpo_seed", None, None),
+    "ExGRPO recommended": ("exgrpo", None, None),
     "no question selection": ("exgrpo_paper", _changed(replay={"question_sampling": "uniform"}), 46.7),
     "no trajectory selection": ("exgrpo_paper", _changed(replay={"trajectory_selection": "random"}), 46.3),
     "highest entropy": ("exgrpo_paper", _changed(replay={"trajectory_selection": "highest_entropy"}), 46.0),
@@ -112,9 +113,9 @@ VARIANTS = {
     "seed, retire from buffer": ("exgrpo_seed", _changed(bucketer=_BUFFER_ONLY), None),
 }
 # The full method each preset's variants are compared with.
-FULL_METHOD = {"exgrpo_paper": "ExGRPO paper", "exgrpo_seed": "ExGRPO seed"}
+FULL_METHOD = {"exgrpo_paper": "ExGRPO paper", "exgrpo_seed": "ExGRPO seed", "exgrpo": "ExGRPO recommended"}
 PAPER_GRPO, PAPER_FULL = VARIANTS["GRPO"][2], VARIANTS["ExGRPO paper"][2]
-PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed")
+PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed", "ExGRPO recommended")
 TASKS = ("arithmetic", "reasoning", "small_pool")
 # Steps of a --quick run per task (full runs take the task's own max_steps).
 QUICK_STEPS = {"arithmetic": 100, "reasoning": 80, "small_pool": 80}
