@@ -117,8 +117,9 @@ class TrajectoryBuffer:
     question, i.e. it keeps the first copy; this buffer keeps the newest one instead (the stored copy is
     replaced), because its behaviour log-probs come from the policy closest to the current one, so its
     importance weights are the least stale. Duplicates inside one batch collapse to its last one. Rows are
-    compared by a 64-bit hash of their completion ids, then exactly where hashes agree; a trajectory
-    without completion ids (the seed's dict without "completion_ids") is never a duplicate.
+    compared by a 64-bit hash of their completion ids, then exactly where hashes agree. A trajectory
+    without completion ids (the seed's dict without "completion_ids") is compared by its completion text
+    instead, with the question's stored trajectories that have no ids either.
 
     The buffer keeps each trajectory's per-token log-probs under the policy that generated it (the behaviour
     policy) and that policy's version, so importance weights need no copy of the old model: this is what
@@ -155,9 +156,7 @@ class TrajectoryBuffer:
         for p in entropy_percentiles:
             check_number("TrajectoryBuffer", "entropy_percentiles", p, 0, 100)
         percentiles = [float(p) for p in entropy_percentiles]
-        if any(
-            a >= b for a, b in zip(percentiles[:-1], percentiles[1:], strict=True)
-        ):
+        if any(a >= b for a, b in zip(percentiles[:-1], percentiles[1:], strict=True)):
             raise ValueError(
                 f"entropy_percentiles must be increasing values in [0, 100], got {entropy_percentiles}"
             )
@@ -339,6 +338,8 @@ class TrajectoryBuffer:
         rows, qidx, hashes, payload = rows[survive], qidx[survive], hashes[survive], _subset(payload, survive)
         if self.dedup:
             self._release_stored_copies(_completions(qidx, payload), hashes)
+            if isinstance(trajectory, Mapping) and len(rows) and not batch.completion_ids.shape[1]:
+                self._release_same_text(int(qidx[0]), batch.completions[0])
         if len(rows):
             self._store(batch, rows, qidx, hashes, payload)
             self._cap_per_question(qidx)
@@ -370,6 +371,13 @@ class TrajectoryBuffer:
         )
         same = _same_rows(incoming, rows, stored_rows, slots)
         self._release(np.unique(slots[same]))
+
+    def _release_same_text(self, qidx: int, text: str) -> None:
+        """Release question `qidx`'s stored trajectories without completion ids whose completion is `text`
+        (the seed's dict API, whose completions may be text alone)."""
+        slots, _ = self._index.groups(np.array([qidx]))
+        no_ids = slots[self._tokens["completion"].length[slots] == 0]
+        self._release(no_ids[self._texts["completions"][no_ids] == text])
 
     def _cap_per_question(self, qidx: np.ndarray) -> None:
         """Evict, for the questions in `qidx`, every trajectory beyond the newest `max_per_question`."""

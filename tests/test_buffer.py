@@ -681,11 +681,22 @@ def test_dedup_compares_ids_exactly_when_hashes_collide(monkeypatch):
     assert sorted(np.round(buffer.entropies().tolist(), 1)) == [0.1, 0.4, 0.5, 0.6, 0.7]
 
 
-def test_trajectories_without_completion_ids_are_never_duplicates():
-    buffer = TrajectoryBuffer()
-    for rollout in ("a", "b"):
-        buffer.add({"prompt": "p", "rollout": rollout, "reward": 1.0, "is_correct": True, "entropy": 0.1})
-    assert len(buffer) == 2
+def test_trajectories_without_completion_ids_are_duplicates_by_their_text():
+    buffer = no_retire()
+    for prompt, rollout, entropy in [("p", "a", 0.1), ("p", "b", 0.2), ("p", "a", 0.3), ("q", "a", 0.4)]:
+        trajectory = {"prompt": prompt, "rollout": rollout, "reward": 1.0, "is_correct": True}
+        assert buffer.add({**trajectory, "entropy": entropy}) == 1
+    # p's second "a" replaced its first (the newest copy stays); q's "a" is another question's.
+    state = buffer.state_dict()  # rows oldest first
+    kept = list(zip(state["prompts"], state["completions"], np.round(state["entropy"].tolist(), 1).tolist()))
+    assert kept == [("p", "b", 0.2), ("p", "a", 0.3), ("q", "a", 0.4)]
+    with_ids = {"prompt": "p", "rollout": "a", "reward": 1.0, "is_correct": True, "entropy": 0.5}
+    buffer.add({**with_ids, "completion_ids": [7]})  # compared by its ids, not with the text-only rows
+    assert len(buffer) == 4
+    seed_buffer = no_retire(dedup=False)  # the seed's buffer keeps both copies
+    for _ in range(2):
+        seed_buffer.add({"prompt": "p", "rollout": "a", "reward": 1.0, "is_correct": True, "entropy": 0.1})
+    assert len(seed_buffer) == 2
 
 
 def test_a_state_with_duplicates_loads_whole_and_the_next_copy_replaces_them():
