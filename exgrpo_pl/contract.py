@@ -18,6 +18,7 @@ them through a `StepChecker`.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -284,15 +285,31 @@ def check_experience_used(experience: Experience, rollouts: RolloutBatch) -> Non
 
 
 def _unflagged_rows(stored: RolloutBatch, rollouts: RolloutBatch, replayed: Tensor) -> list[int]:
-    """Rows of `rollouts` with replayed=False equal to a stored row (question id and completion tokens)."""
+    """The stored rows of `rollouts` that came back with replayed=False, one per stored row.
 
-    def tokens(batch: RolloutBatch, row: int) -> tuple[int, ...]:
-        return tuple(batch.completion_ids[row][batch.completion_mask[row]].tolist())
+    A row is a stored one when its question id and completion tokens are; a fresh rollout that happens to
+    sample a stored completion is the same, so each stored row claims one row: first the flagged rows, then
+    unflagged ones, a group's first row before the others (`assemble_groups` puts the stored row there) and
+    earlier rows before later ones.
+    """
 
-    wanted = {(q, tokens(stored, r)) for r, q in enumerate(stored.question_ids.tolist())}
-    questions = {q for q, _ in wanted}
-    rows = [r for r, q in enumerate(rollouts.question_ids.tolist()) if q in questions and not replayed[r]]
-    return [r for r in rows if (int(rollouts.question_ids[r]), tokens(rollouts, r)) in wanted]
+    def key(batch: RolloutBatch, row: int) -> tuple[int, tuple[int, ...]]:
+        tokens = batch.completion_ids[row][batch.completion_mask[row]]
+        return int(batch.question_ids[row]), tuple(tokens.tolist())
+
+    unclaimed = Counter(key(stored, r) for r in range(len(stored)))
+    questions = {q for q, _ in unclaimed}
+    k = max(rollouts.group_size, 1)
+    rows = [r for r, q in enumerate(rollouts.question_ids.tolist()) if q in questions]
+    rows.sort(key=lambda r: (not bool(replayed[r]), r % k != 0, r))
+    unflagged = []
+    for r in rows:
+        row_key = key(rollouts, r)
+        if unclaimed[row_key] > 0:
+            unclaimed[row_key] -= 1
+            if not replayed[r]:
+                unflagged.append(r)
+    return sorted(unflagged)
 
 
 class StepChecker:

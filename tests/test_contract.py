@@ -227,6 +227,23 @@ def test_stored_rows_returned_unflagged_are_told_apart_from_ignored_experience(m
     assert "keep their replayed=True flag" in str(e.value)
 
 
+def test_fresh_rows_that_sampled_a_stored_completion_are_not_named_as_unflagged_stored_rows():
+    experience = Experience("mix", stored_rows([10, 11]))
+    out = step(batch(experience=experience))
+    # Question 10's group is rows 6-8, its stored row first; row 8 is a fresh rollout that sampled the same
+    # completion (a tiny vocabulary and short completions make that common).
+    out.completion_ids[8] = out.completion_ids[6]
+    check_experience_used(experience, out)  # flagged as it should be: no error
+    out.replayed = torch.zeros_like(out.replayed)
+    with pytest.raises(
+        ContractError, match=re.escape("rows [6, 9] of the step's rollouts are rows of batch")
+    ):
+        check_experience_used(experience, out)
+    out.replayed[6] = True  # one stored row kept its flag: only the other is named
+    with pytest.raises(ContractError, match=re.escape("rows [9] of the step's rollouts are rows of batch")):
+        check_experience_used(experience, out)
+
+
 def test_a_swap_step_that_also_generated_and_wrongly_flagged_rows_are_named():
     experience = Experience("swap", stored_rows([10, 11]))
     swap = step(batch(experience=experience))
