@@ -1,12 +1,15 @@
 """The quickstart's wall time on this checkout against an earlier commit, side by side.
 
-Runs `exgrpo fit --config configs/quickstart.yaml` of each tree in turn (baseline, current, baseline, ...),
-each in a fresh process and a temporary folder, without progress bar or checkpoint, and reports the median
+Runs `exgrpo fit --config configs/quickstart.yaml` (or `--config`'s file) of each tree in turn (baseline,
+current, baseline, ...), each in a fresh process and a temporary folder, without progress bar or checkpoint, and reports the median
 wall time of each and their ratio. The baseline is the commit's files (`git archive`) run from source; the
 current tree is the installed `exgrpo_pl` (this checkout, `pip install -e .`). Both use this environment's
-packages, so the ratio is the code's. Writes benchmarks/results/quickstart_speed.json.
+packages, so the ratio is the code's. The config is each tree's own file of that name: give one whose
+settings both commits share (configs/exgrpo_seed.yaml has not changed since e09aa08; the quickstart has),
+or the ratio compares different runs. Writes benchmarks/results/quickstart_speed.json.
 
-    python benchmarks/quickstart_speed.py --baseline e09aa08      # the commit before the rollout engines
+    # e09aa08: the commit before the rollout engines
+    python benchmarks/quickstart_speed.py --baseline e09aa08 --config configs/exgrpo_seed.yaml
     python benchmarks/quickstart_speed.py --baseline HEAD --rounds 1 --steps 3   # a smoke run
 """
 
@@ -40,9 +43,10 @@ def checkout(commit: str, into: Path) -> Path:
     return into
 
 
-def quickstart_seconds(tree: Path | None, steps: int | None) -> float:
-    """Wall time of one quickstart of `tree`'s source (None: the installed package, this checkout)."""
-    config = (tree or ROOT) / "configs" / "quickstart.yaml"
+def quickstart_seconds(tree: Path | None, config_name: str, steps: int | None) -> float:
+    """Wall time of one run of `tree`'s config `config_name` with `tree`'s source (None: the installed
+    package, this checkout)."""
+    config = (tree or ROOT) / config_name
     env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else dict(os.environ)
     with tempfile.TemporaryDirectory() as run_dir:
         args = ["fit", "--config", str(config), f"--trainer.default_root_dir={run_dir}",
@@ -61,7 +65,8 @@ def main() -> None:
     )
     parser.add_argument("--baseline", required=True, help="a commit, e.g. e09aa08 or HEAD~5")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each tree (default 3)")
-    parser.add_argument("--steps", type=int, default=None, help="max_steps (default: the config's, 400)")
+    parser.add_argument("--config", default="configs/quickstart.yaml", help="a config both trees have")
+    parser.add_argument("--steps", type=int, default=None, help="max_steps (default: the config's)")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", args.baseline], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout.strip()  # fmt: skip
@@ -70,13 +75,19 @@ def main() -> None:
         baseline = checkout(commit, Path(tmp))
         for round_ in range(args.rounds):
             for name, tree in zip(seconds, (baseline, None)):
-                seconds[name].append(quickstart_seconds(tree, args.steps))
+                seconds[name].append(quickstart_seconds(tree, args.config, args.steps))
                 print(f"round {round_ + 1}: {name:20s} {seconds[name][-1]:6.1f} s", flush=True)
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     base, current = medians.values()
     print(f"median: baseline {base:.1f} s, this checkout {current:.1f} s, ratio {current / base:.2f}x")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {"steps": args.steps, "seconds": seconds, "median": medians, "ratio": current / base}
+    result = {
+        "config": args.config,
+        "steps": args.steps,
+        "seconds": seconds,
+        "median": medians,
+        "ratio": current / base,
+    }
     (RESULTS / "quickstart_speed.json").write_text(json.dumps(result, indent=1))
 
 

@@ -60,3 +60,23 @@ def test_config_errors_name_the_field(tmp_path):
     bad.write_text("model:\n  loss_type: ppo\n")
     with pytest.raises(ValueError, match="loss_type='ppo'; allowed: grpo, dr_grpo, dapo"):
         ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=["--config", str(bad)])
+
+
+def test_quickstart_is_the_recommended_preset_on_the_reasoning_task():
+    """configs/quickstart.yaml = configs/exgrpo.yaml with the reasoning task's model, reward, lengths, data and
+    schedule (what benchmarks/learning.py lays over a preset for its "reasoning" task) and a DifficultyMonitor:
+    so the learning benchmark's "ExGRPO recommended" runs on that task are quickstart runs, seed by seed."""
+    configs = Path(__file__).parents[1] / "configs"
+    quickstart, expected, task = (
+        yaml.safe_load((configs / name).read_text())
+        for name in ("quickstart.yaml", "exgrpo.yaml", "quickstart_reasoning.yaml")
+    )
+    for key in ("model_name_or_path", "reward_funcs", "max_completion_length", "val_num_generations"):
+        expected["model"][key] = task["model"][key]
+    expected["data"] = task["data"]
+    for key in ("max_steps", "val_check_interval"):
+        expected["trainer"][key] = task["trainer"][key]
+    monitor = [c for c in quickstart["trainer"]["callbacks"] if c["class_path"].endswith("DifficultyMonitor")]
+    assert len(monitor) == 1
+    expected["trainer"]["callbacks"].append(monitor[0])
+    assert quickstart == expected

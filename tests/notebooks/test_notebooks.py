@@ -25,8 +25,9 @@ NOTEBOOKS = ("buffer_analysis.ipynb", "grpo_vs_exgrpo.ipynb")
 def make_tiny_run(root: Path, steps: int = 10) -> Path:
     """A few steps of the quickstart under `root`; returns its `lightning_logs` folder.
 
-    200 questions in batches of 32 make epochs of 5 steps, so the heatmap is logged and replay (which the
-    quickstart starts at epoch 1) begins at step 5; a buffer of 8 and p = 1 then make every later step replay.
+    180 training questions in batches of 32 make epochs of 5 steps, so the heatmap is logged; replay starts
+    once a batch has any correct answer (the quickstart waits for a pass rate of 0.35) and 8 trajectories
+    are stored, then mixes experience into every step.
     """
     import torch
     from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
@@ -40,6 +41,7 @@ def make_tiny_run(root: Path, steps: int = 10) -> Path:
         f"--trainer.max_steps={steps}", "--trainer.val_check_interval=4", "--trainer.log_every_n_steps=1",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={root}", "--data.synthetic.init_args.num_questions=200",
+        "--data.val_fraction=0.1",
     ]  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # stay small next to whatever else runs on the machine
@@ -48,8 +50,7 @@ def make_tiny_run(root: Path, steps: int = 10) -> Path:
             cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
         for callback in cli.trainer.callbacks:
             if isinstance(callback, ReplayCallback):
-                callback.min_buffer_size = 8
-                callback.replay.replay_probability = 1.0
+                callback.start_pass_rate = 0.0
             elif isinstance(callback, DifficultyMonitor):
                 callback.log_every_n_steps = 1
                 callback.completion_table_every_n_steps = 2
