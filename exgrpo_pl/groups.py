@@ -327,10 +327,36 @@ def sample_groups(
                 f"rollout_fn returned {got}; it must return ({', '.join(SAMPLED)}), optionally followed by "
                 "the decoded completions"
             )
+        _check_sampled_rows(plan, sampled, rollout_fn)
         fresh = fresh_rollouts(
             plan, *sampled, policy_version=policy_version, correct_threshold=correct_threshold
         )
     return assemble_groups(plan, fresh, scale_rewards)
+
+
+def _check_sampled_rows(plan: RolloutPlan, sampled: Sequence, rollout_fn: Callable) -> None:
+    """Say, in the sampler's terms, which value did not come back with one row per prompt it was given."""
+    n, k = plan.num_rollouts, plan.group_size
+    fn = getattr(rollout_fn, "__qualname__", None) or type(rollout_fn).__name__
+    repeats = f"K = {k} times" + (f", K-1 = {k - 1} for a replayed question" if plan.mode == "mix" else "")
+    for name, value in zip((*SAMPLED, "completions"), sampled):
+        try:
+            rows = len(value)
+        except TypeError:  # not a sequence: fresh_rollouts says what it must be
+            continue
+        if rows == n:
+            continue
+        given = f"rollout_fn ({fn}) was given {n} prompts, each question already repeated ({repeats})"
+        if rows > n and rows % n == 0:
+            raise ValueError(
+                f"{given}, and returned {rows} rows of {name}, {rows // n} per prompt: it must sample ONE "
+                f"completion per entry of `prompts`, since sample_groups does the repeating; drop "
+                f"num_return_sequences (or the repeat) from {fn}"
+            )
+        raise ValueError(
+            f"{given}, and returned {rows} rows of {name}: it must return one row per entry of `prompts`, "
+            "in their order"
+        )
 
 
 @torch.no_grad()
@@ -382,7 +408,9 @@ def replayed_token_loss(
         per_token: `[N, C]` the module's per-token loss (e.g. the clipped surrogate).
         logps: `[N, C]` current log-probs of the completion tokens, with grad.
         rollouts: the step's rows: `replayed`, `behaviour_logps`, `advantages`, `completion_mask`.
-        correction, shaping_beta, truncation: as for `compute_importance_weights`.
+        correction: as for `compute_importance_weights`.
+        shaping_beta: as for `compute_importance_weights`.
+        truncation: as for `compute_importance_weights`.
     """
     replayed = rollouts.replayed.unsqueeze(1)  # [N, 1]
     if not bool(replayed.any()):

@@ -1,6 +1,7 @@
 """plan_rollouts / assemble_groups / replay_advantages, and the blocks a module of your own uses with them."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -198,12 +199,41 @@ def test_a_sampler_that_returns_the_wrong_things_is_told_what_to_return():
         sample_groups(batch(), 2, lambda prompts, **columns: {})
     plan = plan_rollouts(batch(), 2)
     ids, mask = torch.ones(8, 1, dtype=torch.long), torch.ones(8, 1, dtype=torch.bool)
+    rewards = torch.zeros(8)
+    with pytest.raises(
+        ValueError, match=r"rollout_fn \(.*<lambda>\) was given 8 prompts.* 7 rows of rewards:"
+    ):
+        sample_groups(batch(), 2, lambda prompts, **columns: (ids, mask, ids, mask, rewards[:7]))
     with pytest.raises(
         ValueError, match=r"rewards has shape \[7\]; the plan samples 8 rollouts .* must be \[8\]"
     ):
         fresh_rollouts(plan, ids, mask, ids, mask, torch.zeros(7))
     with pytest.raises(ValueError, match=r"completion_mask has shape \[8, 2\].* \[8, width\] like its ids"):
         fresh_rollouts(plan, ids, mask, ids, torch.ones(8, 2), torch.zeros(8))
+
+
+def test_a_sampler_that_samples_k_completions_per_prompt_is_told_in_its_terms():
+    """A sampler written for inline GRPO (`generate(num_return_sequences=K)`) returns K rows per prompt."""
+
+    class Sampler:
+        def __call__(self, prompts, **columns):
+            n = 3 * len(prompts)  # K = 3 completions of each prompt it was given
+            ids, mask = torch.ones(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.bool)
+            return ids, mask, ids, mask, torch.zeros(n)
+
+    stored = rows([7, 9], [1, 0], replayed=True)
+    message = (
+        "rollout_fn (Sampler) was given 10 prompts, each question already repeated (K = 3 times, K-1 = 2 "
+        "for a replayed question), and returned 30 rows of prompt_ids, 3 per prompt: it must sample ONE "
+        "completion per entry of `prompts`, since sample_groups does the repeating; drop "
+        "num_return_sequences (or the repeat) from Sampler"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sample_groups(batch(Experience("mix", stored)), 3, Sampler())
+    with pytest.raises(
+        ValueError, match=r"given 12 prompts, each question already repeated \(K = 3 times\),"
+    ):
+        sample_groups(batch(), 3, Sampler())
 
 
 def test_record_behaviour_fills_fresh_rows_from_the_first_forward_and_keeps_replayed_ones():

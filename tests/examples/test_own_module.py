@@ -190,6 +190,15 @@ class UnflagsReplayedRows(Spied):
         return out
 
 
+class SamplesKPerPrompt(Spied):
+    """Its sampler kept an inline step's `generate(num_return_sequences=K)`: K completions a prompt."""
+
+    def rollout(self, prompts, **columns):
+        return tuple(
+            t.repeat_interleave(self.num_generations, 0) for t in super().rollout(prompts, **columns)
+        )
+
+
 def prompts_key_loader():
     """A datamodule-like loader whose batches say `prompts` where the contract says `prompt`."""
     rows = ArithmeticTask(num_questions=16, seed=1).rows()
@@ -212,10 +221,16 @@ def prompts_key_loader():
         (IgnoresExperience, "swap", r"ignored batch\['experience'\].*ReplayMixin.replay_groups"),
         (UnflagsReplayedRows, "mix", r"have replayed=False: keep their replayed=True flag"),
         (UnflagsReplayedRows, "swap", r"have replayed=False: keep their replayed=True flag"),
+        (
+            SamplesKPerPrompt,
+            "mix",
+            r"rollout_fn \(SamplesKPerPrompt.rollout\) was given 16 prompts.*64 rows of prompt_ids, 4 per "
+            r"prompt: it must sample ONE completion.*drop num_return_sequences \(or the repeat\)",
+        ),
     ],
 )
 def test_each_mistake_stops_the_run_naming_the_fix(tmp_path, tiny_model_dir, module_class, mode, message):
-    with pytest.raises((ContractError, TypeError), match=message):
+    with pytest.raises((ContractError, TypeError, ValueError), match=message):
         fit(tmp_path, module_class(tiny_model_dir), [replay(mode)])
 
 
