@@ -6,7 +6,7 @@ S steps straight against a run stopped and then resumed with `--ckpt_path last` 
     kill   SIGKILLed right after the first validation's checkpoint (step 50, mid-epoch) is written, and
            resumed from that checkpoint, the newest complete one; S = 60
     end    stopped by max_steps at the first epoch's last step E; S = max(60, E + 4) (60 with the arithmetic
-           configs' 56-step epochs, 613 with quickstart_reasoning's 609)
+           configs' 56-step epochs, 613 with the reasoning task's 609: quickstart, quickstart_reasoning)
 
 Compares the two runs' final checkpoints (weights, Adam state and schedule, the replay buffer and
 generators, the sampling RNG, the loops with the data loader's pass and position, the retired questions,
@@ -41,7 +41,12 @@ from exgrpo_pl.data import PromptDataModule
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-CONFIGS = ["quickstart", "quickstart_reasoning", "exgrpo_paper", "exgrpo_seed", "grpo_baseline"]
+# Every shipped config that runs on the CPU (an embedded model): the hub-model presets need a GPU.
+CONFIGS = sorted(
+    path.stem
+    for path in (ROOT / "configs").glob("*.yaml")
+    if str(yaml.safe_load(path.read_text())["model"]["model_name_or_path"]).startswith("embedded:")
+)
 CASES = ["mid", "kill", "end"]
 STEPS = 60  # the mid case stops half-way
 
