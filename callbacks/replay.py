@@ -170,7 +170,7 @@ class ReplayCallback(Callback):
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._contract.check_batch(batch)
+        self._contract.check_batch(batch, self.mode)
         self.buffer.bucketer.epoch = trainer.current_epoch
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
         if not self.replay_active(trainer) or not self.replay.should_replay():

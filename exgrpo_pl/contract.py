@@ -86,11 +86,12 @@ class ContractError(ValueError):
     """What a module or datamodule handed the callbacks breaks the contract; the message has the fix."""
 
 
-def check_batch(batch: Any) -> None:
+def check_batch(batch: Any, mode: str | None = None) -> None:
     """Raise a `ContractError` naming the missing or malformed key, and the batch contract.
 
     The callbacks read training batches that are dicts with `prompt` (list of str) and `question_id` (`[B]`
-    integers: a long tensor, or a list of ints, which `plan_rollouts` accepts too).
+    integers: a long tensor, or a list of ints, which `plan_rollouts` accepts too). With `mode="mix"` the
+    batch must also have `answer` (`check_answers`), from the first step on, before any replay.
     """
     keys = ", ".join(f"{key!r} ({what})" for key, what in BATCH_KEYS.items())
     contract = (
@@ -119,6 +120,36 @@ def check_batch(batch: Any) -> None:
             f"batch['question_id'] is {got} for {len(prompts)} prompts; it must be one integer id per prompt "
             f"(a [B] long tensor). {contract}"
         )
+    if mode == "mix":
+        check_answers(batch)
+
+
+def check_answers(batch: Mapping) -> None:
+    """Raise a `ContractError` unless `batch["answer"]` is a list with one answer per prompt.
+
+    A mixed replay step samples new rollouts of a stored question and scores them against its stored answer,
+    and the answer stored with a trajectory comes from `batch["answer"]` alone: without that key the
+    replayed questions' rollouts reach the reward functions with no answer to score against.
+    """
+    prompts, answers = batch["prompt"], batch.get("answer")
+    if isinstance(answers, (list, tuple)) and len(answers) == len(prompts):
+        return
+    if answers is None:
+        got = f"the training batch has no 'answer' key (it has {sorted(map(str, batch))})"
+        fix = "rename the datamodule's key to 'answer' (PromptDataModule(answer_column=...) reads any column)"
+    elif isinstance(answers, (list, tuple)):
+        got = f"batch['answer'] has {len(answers)} entries for {len(prompts)} prompts"
+        fix = "give one answer per prompt"
+    else:
+        got = f"batch['answer'] is a {type(answers).__name__}"
+        fix = "collate the answers as a list (reward functions receive list-valued keys only)"
+    raise ContractError(
+        f"{got}: mix mode (ReplayCallback(mode='mix')) needs a list of one answer per prompt under 'answer'; "
+        f"{fix}. A mixed replay step scores new rollouts of a stored question against the answer stored "
+        "with it, which is kept from batch['answer'] alone; the replayed questions' other columns reach the "
+        "reward functions as None. A reward that needs no answer can have batch['answer'] = [''] * B. See "
+        f"{CONTRACT_DOC}"
+    )
 
 
 def check_step_output(outputs: Any) -> RolloutBatch:
@@ -324,8 +355,8 @@ class StepChecker:
     def __init__(self) -> None:
         self.checked: set[str] = set()
 
-    def check_batch(self, batch: Any) -> None:
-        check_batch(batch)
+    def check_batch(self, batch: Any, mode: str | None = None) -> None:
+        check_batch(batch, mode)
 
     def check_outputs(self, outputs: Any, batch: Mapping, num_generations: int) -> RolloutBatch:
         """The step's `RolloutBatch`, after the checks; a `ContractError` names the first problem."""

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.contract import Experience
+from exgrpo_pl.contract import Experience, check_answers
 from exgrpo_pl.losses import (
     SCALE_REWARDS,
     compute_importance_weights,
@@ -114,10 +114,10 @@ def plan_rollouts(batch: dict, num_generations: int) -> RolloutPlan:
     stored = experience.rollouts
     if experience.mode == "swap":
         return RolloutPlan([], question_ids[:0], [], {}, stored, "swap", group_size=k)
+    check_answers(batch)  # the fresh questions' answers are stored, to score a later replay's rollouts
     n_fresh = max(len(batch["prompt"]) - len(stored), 0)
-    answers = columns.get("answer", [None] * len(batch["prompt"]))
     columns = {key: values[:n_fresh] + [None] * len(stored) for key, values in columns.items()}
-    columns["answer"] = answers[:n_fresh] + list(stored.answers)
+    columns["answer"] = columns["answer"][:n_fresh] + list(stored.answers)
     if stored.domains is not None and "domain" in columns:
         columns["domain"][n_fresh:] = stored.domains
     return RolloutPlan(

@@ -90,8 +90,37 @@ def test_a_malformed_batch_names_the_key_and_the_batch_contract(bad, message):
     assert "'prompt' (list of str, one per question), 'question_id' ([B] long tensor" in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda b: b.update(answers=b.pop("answer")),
+            r"no 'answer' key \(it has \['answers', .*\]\).*rename the datamodule's key to 'answer'",
+        ),
+        (lambda b: b.update(answer=torch.arange(4)), r"batch\['answer'\] is a Tensor.*as a list"),
+        (lambda b: b.update(answer=["a0"]), r"batch\['answer'\] has 1 entries for 4 prompts.*one answer per"),
+    ],
+)
+def test_mix_mode_needs_the_answer_key_from_the_first_batch(change, message):
+    b = batch()
+    change(b)
+    check_batch(b)  # no replay, or swap mode: no answer needed
+    check_batch(b, "swap")
+    with pytest.raises(ContractError, match=message) as error:
+        check_batch(b, "mix")
+    assert (
+        "mix mode (ReplayCallback(mode='mix')) needs a list of one answer per prompt under 'answer'"
+        in str(error.value)
+    )
+    stored = stored_rows([10])
+    with pytest.raises(ContractError, match=message):  # plan_rollouts, for modules that call it themselves
+        plan_rollouts({**b, "experience": Experience("mix", stored)}, K)
+    plan_rollouts({**b, "experience": Experience("swap", stored)}, K)
+
+
 def test_batches_as_the_datamodule_makes_them_pass():
     check_batch(batch())
+    check_batch(batch(), "mix")
     check_batch({"prompt": ("a", "b"), "question_id": [3, 4]})  # plan_rollouts accepts a list of ints too
 
 

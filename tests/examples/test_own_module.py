@@ -199,13 +199,13 @@ class SamplesKPerPrompt(Spied):
         )
 
 
-def prompts_key_loader():
-    """A datamodule-like loader whose batches say `prompts` where the contract says `prompt`."""
+def renamed_key_loader(key="prompt", new_key="prompts"):
+    """A datamodule-like loader whose batches say `new_key` where the contract says `key`."""
     rows = ArithmeticTask(num_questions=16, seed=1).rows()
 
     def collate(batch_rows):
         batch = collate_rows(batch_rows)
-        batch["prompts"] = batch.pop("prompt")
+        batch[new_key] = batch.pop(key)
         return batch
 
     return DataLoader(rows, batch_size=4, collate_fn=collate)
@@ -236,7 +236,19 @@ def test_each_mistake_stops_the_run_naming_the_fix(tmp_path, tiny_model_dir, mod
 
 def test_a_batch_keyed_prompts_names_the_key_and_the_batch_contract(tmp_path, tiny_model_dir):
     with pytest.raises(ContractError, match=r"no 'prompt' key \(it has \[.*'prompts'.*\]\).*'question_id'"):
-        fit(tmp_path, Spied(tiny_model_dir), [replay("mix")], data=prompts_key_loader())
+        fit(tmp_path, Spied(tiny_model_dir), [replay("mix")], data=renamed_key_loader())
+
+
+def test_mix_mode_without_an_answer_key_stops_the_first_step_naming_it(tmp_path, tiny_model_dir):
+    """Before the first step, not at the first replay: a datamodule with `answers` would otherwise train until
+    replay starts and then score the replayed questions' rollouts without their answers."""
+    module = Spied(tiny_model_dir)
+    with pytest.raises(
+        ContractError, match=r"no 'answer' key \(it has \['answers', .*rename the datamodule's"
+    ):
+        fit(tmp_path, module, [replay("mix")], data=renamed_key_loader("answer", "answers"))
+    assert module.sampled_rows == []  # the module never sampled
+    fit(tmp_path, Spied(tiny_model_dir), [replay("swap")], data=renamed_key_loader("answer", "answers"))
 
 
 def test_a_module_without_the_contract_members_is_refused_naming_them(tmp_path):
@@ -248,4 +260,4 @@ def test_a_module_without_the_contract_members_is_refused_naming_them(tmp_path):
             return None
 
     with pytest.raises(TypeError, match=r"num_generations, score_entropy and entropy_forwards"):
-        fit(tmp_path, Plain(), [replay("mix")], data=prompts_key_loader())
+        fit(tmp_path, Plain(), [replay("mix")], data=renamed_key_loader())
