@@ -207,7 +207,7 @@ class ReplayCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations)
+        rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations, pl_module)
         fresh = ~rollouts.replayed
         if not self.pass_rate_reached and bool(fresh.any()):
             pass_rate = rollouts.correct[fresh].float().mean()

@@ -343,13 +343,28 @@ def _unflagged_rows(stored: RolloutBatch, rollouts: RolloutBatch, replayed: Tens
     return sorted(unflagged)
 
 
+def check_replay_loss(module: Any) -> None:
+    """Raise a `ContractError` when the step's `ReplayMixin.replay_groups` returned replayed rows that no
+    `replay_loss` call weighted (a module without `unweighted_replayed_rows` is not checked)."""
+    pending = getattr(module, "unweighted_replayed_rows", None)
+    rows = pending() if callable(pending) else 0
+    if rows:
+        raise ContractError(
+            f"{type(module).__name__}.training_step trained on {rows} replayed rows from replay_groups "
+            "without calling replay_loss, so they got the on-policy loss term, as if this policy had sampled "
+            "them. Pass the per-token loss through it before reducing it: per_token = "
+            "self.replay_loss(per_token, logps, rollouts) (ExGRPO's importance-weighted term for replayed "
+            f"rows); see {CONTRACT_DOC}"
+        )
+
+
 class StepChecker:
     """The checks `ReplayCallback` runs: the cheap ones every step, the field checks once per kind of step.
 
     Every step: `check_batch` and `check_step_output` (dict look-ups and isinstance), and on a replay step
-    `check_experience_used` (a sort of the replayed question ids). `check_rollouts` runs on the first fully
-    scored step of each kind ("fresh", "swap", "mix"): a module's code path for a kind does not change
-    between steps, and its field checks synchronise with the device.
+    `check_experience_used` (a sort of the replayed question ids) and `check_replay_loss` (a counter).
+    `check_rollouts` runs on the first fully scored step of each kind ("fresh", "swap", "mix"): a module's
+    code path for a kind does not change between steps, and its field checks synchronise with the device.
     """
 
     def __init__(self) -> None:
@@ -358,14 +373,22 @@ class StepChecker:
     def check_batch(self, batch: Any, mode: str | None = None) -> None:
         check_batch(batch, mode)
 
-    def check_outputs(self, outputs: Any, batch: Mapping, num_generations: int) -> RolloutBatch:
-        """The step's `RolloutBatch`, after the checks; a `ContractError` names the first problem."""
+    def check_outputs(
+        self, outputs: Any, batch: Mapping, num_generations: int, module: Any = None
+    ) -> RolloutBatch:
+        """The step's `RolloutBatch`, after the checks; a `ContractError` names the first problem.
+
+        `module`: the LightningModule, for `check_replay_loss` on replay steps.
+        """
         rollouts = check_step_output(outputs)
         experience = batch.get("experience")
+        skipped = outputs.get("skipped", False)
         if experience is not None:  # first: a misused experience is the likelier cause of odd fields
             check_experience_used(experience, rollouts)
+            if module is not None and not skipped:
+                check_replay_loss(module)
         kind = "fresh" if experience is None else experience.mode
-        if kind not in self.checked and not outputs.get("skipped", False):
+        if kind not in self.checked and not skipped:
             check_rollouts(rollouts, num_generations)
             self.checked.add(kind)
         return rollouts

@@ -395,6 +395,7 @@ def replayed_token_loss(
     correction: str = "shaping",
     shaping_beta: float = 0.1,
     truncation: float = 2.0,
+    stats: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """`per_token` `[N, C]` with each replayed row's terms replaced by ExGRPO's -f(w) A.
 
@@ -411,6 +412,8 @@ def replayed_token_loss(
         correction: as for `compute_importance_weights`.
         shaping_beta: as for `compute_importance_weights`.
         truncation: as for `compute_importance_weights`.
+        stats: when given and there are replayed rows, receives `is_weight`, the mean f(w) over their
+            completion tokens (detached; `ExGRPOModule` logs the same as `train/is_weight`).
     """
     replayed = rollouts.replayed.unsqueeze(1)  # [N, 1]
     if not bool(replayed.any()):
@@ -418,4 +421,6 @@ def replayed_token_loss(
     weights = compute_importance_weights(
         logps, rollouts.behaviour_logps, rollouts.completion_mask, correction, shaping_beta, truncation
     )  # [N, C]
+    if stats is not None:
+        stats["is_weight"] = masked_mean(weights.detach(), rollouts.completion_mask & replayed)
     return torch.where(replayed, -weights * rollouts.advantages.unsqueeze(1).to(weights.dtype), per_token)

@@ -96,7 +96,17 @@ class ReplayMixin:
             scale_rewards=self._replay_setting("scale_rewards", "group"), policy_version=self.global_step,
             correct_threshold=self._replay_setting("correct_threshold", 0.5),
         )  # fmt: skip
+        experience = batch.get("experience")
+        self._unweighted_replayed_rows = 0 if experience is None else len(experience.rollouts)
         return rollouts.to(self.device)
+
+    def unweighted_replayed_rows(self) -> int:
+        """Replayed rows the latest `replay_groups` returned that no `replay_loss` call has weighted since.
+
+        `ReplayCallback` stops a replay step after which this is not 0: those rows were trained with the
+        module's on-policy term, as if the current policy had sampled them.
+        """
+        return getattr(self, "_unweighted_replayed_rows", 0)
 
     def record_behaviour(self, rollouts: RolloutBatch, logps: Tensor, logits: Tensor) -> None:
         """The fresh rows' behaviour log-probs and entropy from this batch's first forward (in place).
@@ -110,9 +120,16 @@ class ReplayMixin:
         """`per_token` `[N, C]` with the replayed rows' terms replaced by -f(w) A (ExGRPO's off-policy term).
 
         See `exgrpo_pl.groups.replayed_token_loss`; reads `hparams.off_policy_correction` ("shaping"),
-        `hparams.shaping_beta` (0.1) and `hparams.is_truncation` (2.0) when the module has them.
+        `hparams.shaping_beta` (0.1) and `hparams.is_truncation` (2.0) when the module has them. With
+        replayed rows it logs `train/is_weight`, their mean f(w), as `ExGRPOModule` does.
         """
-        return replayed_token_loss(
+        self._unweighted_replayed_rows = 0
+        stats: dict[str, Tensor] = {}
+        per_token = replayed_token_loss(
             per_token, logps, rollouts, self._replay_setting("off_policy_correction", "shaping"),
-            self._replay_setting("shaping_beta", 0.1), self._replay_setting("is_truncation", 2.0),
+            self._replay_setting("shaping_beta", 0.1), self._replay_setting("is_truncation", 2.0), stats,
         )  # fmt: skip
+        if stats and getattr(self, "_trainer", None) is not None:
+            is_weight = stats["is_weight"]
+            self.log("train/is_weight", is_weight, on_step=True, on_epoch=False, batch_size=len(rollouts))
+        return per_token

@@ -273,15 +273,19 @@ def test_replayed_token_loss_on_a_clipped_surrogate_is_compute_grpo_loss(rows_sp
     ratio = torch.exp(mine - mine.detach())
     adv = advantages.unsqueeze(1)
     per_token = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
-    per_token = replayed_token_loss(per_token, mine, out, correction)
+    stats = {}
+    per_token = replayed_token_loss(per_token, mine, out, correction, stats=stats)
     loss = (per_token * mask).sum() / max(int(mask.sum()), 1)
     (grad,) = torch.autograd.grad(loss, mine)
 
     theirs = mine.detach().clone().requires_grad_()
     weights = compute_importance_weights(theirs, out.behaviour_logps, mask, correction)
-    expected, _ = compute_grpo_loss(
+    expected, expected_stats = compute_grpo_loss(
         theirs, theirs.detach(), advantages, mask, LossNormaliser(n, int(mask.sum()), 3), loss_type="dapo",
         importance_weights=weights, replayed=replayed,
     )  # fmt: skip
     (expected_grad,) = torch.autograd.grad(expected, theirs)
     assert torch.allclose(loss, expected, atol=1e-6) and torch.allclose(grad, expected_grad, atol=1e-6)
+    assert stats.keys() == ({"is_weight"} if replayed.any() else set())  # what train/is_weight logs
+    if replayed.any():
+        assert torch.allclose(stats["is_weight"], expected_stats["is_weight"], equal_nan=True)

@@ -37,6 +37,7 @@ class Spied(own_module.GRPO):
         self.reward_fn = FormatReward(r"[0-9].*")
         self.sampled_rows = []  # rows the module's own sampler was asked for, per call
         self.replayed_terms = []  # (per-token loss of the replayed rows, what ExGRPO's term is), per step
+        self.is_weights = []  # mean f(w) over the replayed rows' tokens, per step
 
     def rollout(self, prompts, **columns):
         self.sampled_rows.append(len(prompts))
@@ -50,6 +51,7 @@ class Spied(own_module.GRPO):
                 logps[rows], rollouts.behaviour_logps[rows], rollouts.completion_mask[rows]
             )
             self.replayed_terms.append((out[rows], -weights * rollouts.advantages[rows].unsqueeze(1)))
+            self.is_weights.append(weights[rollouts.completion_mask[rows]].mean())
         return out
 
 
@@ -102,8 +104,10 @@ def test_the_replay_lines_are_at_most_ten():
 @pytest.mark.parametrize("mode", ["mix", "swap"])
 def test_replayed_rows_are_trained_on(tmp_path, tiny_model_dir, mode):
     module, record, callback = Spied(tiny_model_dir), RecordRollouts(), replay(mode)
-    fit(tmp_path, module, [callback, record])
+    trainer = fit(tmp_path, module, [callback, record])
     assert callback.replayed_steps == 2  # the first step filled the buffer
+    # replay_loss logs the replayed tokens' mean f(w), as ExGRPOModule does.
+    assert torch.allclose(trainer.callback_metrics["train/is_weight"], module.is_weights[-1])
     k = module.num_generations
     for rollouts, experience in zip(record.rollouts[1:], record.experience[1:], strict=True):
         stored = experience.rollouts
@@ -178,6 +182,13 @@ class KeepsIntMasks(Spied):
         return RolloutBatch(**{**fields, "prompt_mask": rollouts.prompt_mask.long()})
 
 
+class ForgetsReplayLoss(Spied):
+    """Its training_step never passes the per-token loss through replay_loss."""
+
+    def replay_loss(self, per_token, logps, rollouts):
+        return per_token
+
+
 class IgnoresExperience(Spied):
     def training_step(self, batch, batch_idx):
         return super().training_step({k: v for k, v in batch.items() if k != "experience"}, batch_idx)
@@ -221,6 +232,15 @@ def renamed_key_loader(key="prompt", new_key="prompts"):
         (IgnoresExperience, "swap", r"ignored batch\['experience'\].*ReplayMixin.replay_groups"),
         (UnflagsReplayedRows, "mix", r"have replayed=False: keep their replayed=True flag"),
         (UnflagsReplayedRows, "swap", r"have replayed=False: keep their replayed=True flag"),
+        *[
+            (
+                ForgetsReplayLoss,
+                mode,
+                r"ForgetsReplayLoss.training_step trained on \d+ replayed rows from replay_groups without "
+                r"calling replay_loss.*per_token = self.replay_loss\(per_token, logps, rollouts\)",
+            )
+            for mode in ("mix", "swap")
+        ],
         (
             SamplesKPerPrompt,
             "mix",
