@@ -1,0 +1,20 @@
+"""The documentation pages' tables of results are the results files' (docs/learning.md from learning.json)."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from learning import markdown_table  # noqa: E402
+
+
+def test_the_learning_page_shows_the_tables_of_the_results_file():
+    summary = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["summary"]
+    page = (ROOT / "docs" / "learning.md").read_text()
+    for task, entry in summary.items():
+        table = markdown_table(entry["variants"])
+        assert table in page, (
+            f"docs/learning.md should show the {task} table of benchmarks/results/learning.json as "
+            "benchmarks/learning.py prints it:\n" + table
+        )
