@@ -360,9 +360,9 @@ def report(results: dict, suffix: str) -> None:
 
 
 def markdown_table(rows: dict) -> str:
-    """The summary of one task as the README shows it: "vs GRPO" and "vs full method" pair runs of the same
-    seed; the paper's column is its ablation table's average accuracy, and that minus its GRPO's and its
-    full method's."""
+    """The summary of one task as docs/learning.md shows it: "vs GRPO" and "vs full method" pair runs of the
+    same seed; the paper's column is its ablation table's average accuracy, and that minus its GRPO's and
+    its full method's."""
     columns = (
         "variant", "seeds", "final val pass@1 (equal steps)", "vs GRPO, same seeds (points)",
         "vs full method, same seeds (points)", "final below own best (points)", "at equal tokens",

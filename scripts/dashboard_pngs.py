@@ -1,4 +1,4 @@
-"""Dashboard "screenshots" for the README, rendered headless from a real run's TensorBoard event files.
+"""Dashboard "screenshots" for docs/dashboards.md, rendered headless from a run's TensorBoard event files.
 
     exgrpo fit --config configs/quickstart.yaml
     python scripts/dashboard_pngs.py          # latest lightning_logs/version_* -> docs/dashboards/

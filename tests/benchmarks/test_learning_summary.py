@@ -1,4 +1,4 @@
-"""The learning benchmark's variants, and its summary: exact small cases for what its README tables are made
+"""The learning benchmark's variants, and its summary: exact small cases for what its docs tables are made
 of."""
 
 import sys
