@@ -18,7 +18,7 @@ import argparse
 
 import torch
 from exgrpo_pl.callbacks import ReplayCallback  # replay
-from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -90,17 +90,46 @@ class GRPO(ReplayMixin, LightningModule):  # replay
         return {"loss": loss, "rollouts": rollouts}  # replay
 
 
+class StepLog(Callback):
+    """Per training step: the mean reward of the fresh rollouts (the policy's own samples) and the number of
+    rows that came out of the replay buffer."""
+
+    def __init__(self) -> None:
+        self.rewards: list[float] = []
+        self.replayed: list[int] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        rollouts = outputs["rollouts"]
+        self.rewards.append(rollouts.rewards[~rollouts.replayed].mean().item())
+        self.replayed.append(int(rollouts.replayed.sum()))
+
+    def summary(self, window: int = 5) -> str:
+        """How many steps replayed, and the fresh rollouts' reward over the first and last `window` steps."""
+        steps, replay_steps = len(self.rewards), sum(n > 0 for n in self.replayed)
+        window = max(1, min(window, steps // 2))
+        first, last = self.rewards[:window], self.rewards[-window:]
+        note = "" if replay_steps else " (replay starts once the buffer holds min_buffer_size trajectories)"
+        return (
+            f"replay: {replay_steps} of {steps} steps trained on stored trajectories, "
+            f"{sum(self.replayed)} in all{note}\n"
+            f"reward of fresh rollouts: {sum(first) / len(first):.3f} over steps 1-{window}, "
+            f"{sum(last) / len(last):.3f} over steps {steps - window + 1}-{steps}"
+        )
+
+
 def main(argv: list[str] | None = None) -> Trainer:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
     args = parser.parse_args(argv)
     seed_everything(0)
+    log = StepLog()
     trainer = Trainer(max_steps=args.max_steps, accelerator="cpu", limit_val_batches=0, logger=False,
                       enable_checkpointing=False,
-                      callbacks=[ReplayCallback(mode="mix", min_buffer_size=64)])  # replay  # fmt: skip
+                      callbacks=[log, ReplayCallback(mode="mix", min_buffer_size=64)])  # replay  # fmt: skip
     data = PromptDataModule(synthetic=ArithmeticTask(num_questions=500), batch_size=args.batch_size)
     trainer.fit(GRPO(), data)
+    print(log.summary())
     return trainer
 
 

@@ -154,12 +154,26 @@ def test_without_the_callback_it_trains_plain_grpo(tmp_path, tiny_model_dir):
     assert module.replayed_terms == []
 
 
+def test_the_step_log_says_how_many_steps_replayed_and_the_reward_before_and_after(tmp_path, tiny_model_dir):
+    log, record = own_module.StepLog(), RecordRollouts()
+    fit(tmp_path, Spied(tiny_model_dir), [replay("mix"), log, record], max_steps=4)
+    fresh = [r.rewards[~r.replayed].mean().item() for r in record.rollouts]
+    assert log.summary() == (  # 2 of 4 questions replayed on each step after the first
+        "replay: 3 of 4 steps trained on stored trajectories, 6 in all\n"
+        f"reward of fresh rollouts: {(fresh[0] + fresh[1]) / 2:.3f} over steps 1-2, "
+        f"{(fresh[2] + fresh[3]) / 2:.3f} over steps 3-4"
+    )
+
+
 @pytest.mark.slow
-def test_runs_as_a_script_on_the_embedded_policy():
+def test_runs_as_a_script_on_the_embedded_policy(capsys):
     threads = torch.get_num_threads()
     trainer = own_module.main(["--max-steps", "2", "--batch-size", "4"])
     torch.set_num_threads(threads)
     assert trainer.global_step == 2
+    out = capsys.readouterr().out  # 2 steps of 4 x 4 rollouts: the buffer never reaches min_buffer_size=64
+    assert "replay: 0 of 2 steps trained on stored trajectories, 0 in all (replay starts once" in out
+    assert re.search(r"reward of fresh rollouts: \d\.\d{3} over steps 1-1, \d\.\d{3} over steps 2-2", out)
 
 
 # ------------------------------------------------------------------------ the mistakes, one by one
