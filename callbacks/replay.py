@@ -109,7 +109,7 @@ class ReplayCallback(Callback):
         self.last_timings: dict[str, float] = {}
         self._rank_writes_own_file = False  # DeepSpeed ZeRO-3: see state_dict()
         self._retire_at_epoch_start = True  # setup() decides
-        self._contract = StepChecker()  # what the datamodule and training_step hand over, with the fix
+        self._contract = StepChecker(mode)  # what the datamodule and training_step hand over, with the fix
 
     # ------------------------------------------------------------------------------ decisions
     def replay_active(self, trainer: Trainer) -> bool:
@@ -170,7 +170,7 @@ class ReplayCallback(Callback):
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._contract.check_batch(batch, self.mode)
+        self._contract.check_batch(batch)
         self.buffer.bucketer.epoch = trainer.current_epoch
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
         if not self.replay_active(trainer) or not self.replay.should_replay():
@@ -207,7 +207,8 @@ class ReplayCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations, pl_module)
+        rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations)
+        self._contract.check_module(pl_module, outputs, batch)
         fresh = ~rollouts.replayed
         if not self.pass_rate_reached and bool(fresh.any()):
             pass_rate = rollouts.correct[fresh].float().mean()

@@ -362,33 +362,32 @@ class StepChecker:
     """The checks `ReplayCallback` runs: the cheap ones every step, the field checks once per kind of step.
 
     Every step: `check_batch` and `check_step_output` (dict look-ups and isinstance), and on a replay step
-    `check_experience_used` (a sort of the replayed question ids) and `check_replay_loss` (a counter).
+    `check_experience_used` (a sort of the replayed question ids) and, through `check_module`,
+    `check_replay_loss` (a counter).
     `check_rollouts` runs on the first fully scored step of each kind ("fresh", "swap", "mix"): a module's
     code path for a kind does not change between steps, and its field checks synchronise with the device.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, mode: str | None = None) -> None:
+        self.mode = mode  # the callback's replay mode: "mix" needs batch["answer"]
         self.checked: set[str] = set()
 
-    def check_batch(self, batch: Any, mode: str | None = None) -> None:
-        check_batch(batch, mode)
+    def check_batch(self, batch: Any) -> None:
+        check_batch(batch, self.mode)
 
-    def check_outputs(
-        self, outputs: Any, batch: Mapping, num_generations: int, module: Any = None
-    ) -> RolloutBatch:
-        """The step's `RolloutBatch`, after the checks; a `ContractError` names the first problem.
-
-        `module`: the LightningModule, for `check_replay_loss` on replay steps.
-        """
+    def check_outputs(self, outputs: Any, batch: Mapping, num_generations: int) -> RolloutBatch:
+        """The step's `RolloutBatch`, after the checks; a `ContractError` names the first problem."""
         rollouts = check_step_output(outputs)
         experience = batch.get("experience")
-        skipped = outputs.get("skipped", False)
         if experience is not None:  # first: a misused experience is the likelier cause of odd fields
             check_experience_used(experience, rollouts)
-            if module is not None and not skipped:
-                check_replay_loss(module)
         kind = "fresh" if experience is None else experience.mode
-        if kind not in self.checked and not skipped:
+        if kind not in self.checked and not outputs.get("skipped", False):
             check_rollouts(rollouts, num_generations)
             self.checked.add(kind)
         return rollouts
+
+    def check_module(self, module: Any, outputs: Mapping, batch: Mapping) -> None:
+        """After `check_outputs`: `check_replay_loss` on a replay step whose update was not skipped."""
+        if batch.get("experience") is not None and not outputs.get("skipped", False):
+            check_replay_loss(module)
