@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences, text_id
 from exgrpo_pl.buffer import STRATEGIES, TrajectoryBuffer, resolve_strategy
+from exgrpo_pl.buffer_dedup import stored_hashes
 from exgrpo_pl.difficulty import DifficultyBucketer
 from exgrpo_pl.ragged import GroupIndex
 
@@ -483,9 +484,10 @@ def test_invariants_under_random_adds(groups, max_size, strategy):
 def index_from_scratch(buffer):
     """The per-question index recomputed from the columns: occupied slots of known questions by question,
     oldest first inside each."""
-    occupied = np.flatnonzero(buffer._cols["occupied"])
-    occupied = occupied[np.argsort(buffer._cols["seq"][occupied], kind="stable")]
-    qidx = buffer._cols["qidx"][occupied]
+    cols = buffer._storage.cols
+    occupied = np.flatnonzero(cols["occupied"])
+    occupied = occupied[np.argsort(cols["seq"][occupied], kind="stable")]
+    qidx = cols["qidx"][occupied]
     return GroupIndex.build(occupied[qidx >= 0], qidx[qidx >= 0])
 
 
@@ -494,19 +496,21 @@ def assert_index_consistent(buffer):
     holds a completion twice (with `dedup`)."""
     expected = index_from_scratch(buffer)
     num_questions = len(buffer.bucketer)
-    assert np.array_equal(buffer._index.members, expected.members)
-    assert np.array_equal(buffer._index.counts(num_questions), expected.counts(num_questions))
-    occupied = np.flatnonzero(buffer._cols["occupied"])
-    oldest_first = occupied[np.argsort(buffer._cols["seq"][occupied])]
-    assert np.array_equal(buffer._fifo_live()[0], oldest_first)  # the eviction order
+    storage = buffer._storage
+    assert np.array_equal(storage.index.members, expected.members)
+    assert np.array_equal(storage.index.counts(num_questions), expected.counts(num_questions))
+    occupied = np.flatnonzero(storage.cols["occupied"])
+    oldest_first = occupied[np.argsort(storage.cols["seq"][occupied])]
+    assert np.array_equal(storage.fifo_live()[0], oldest_first)  # the eviction order
     if buffer.dedup:
-        assert np.array_equal(buffer._cols["hash"][occupied], buffer._completion_hashes(occupied))
+        assert np.array_equal(storage.cols["hash"][occupied], stored_hashes(storage, occupied))
+        completion = storage.tokens["completion"]
         keys = {
-            (int(q), tuple(buffer._tokens["completion"].rows(np.array([s]))["completion_ids"].tolist()))
-            for q, s in zip(buffer._cols["question_id"][occupied], occupied)
-            if buffer._tokens["completion"].length[s] > 0
+            (int(q), tuple(completion.rows(np.array([s]))["completion_ids"].tolist()))
+            for q, s in zip(storage.cols["question_id"][occupied], occupied)
+            if completion.length[s] > 0
         }
-        stored = int((buffer._tokens["completion"].length[occupied] > 0).sum())
+        stored = int((completion.length[occupied] > 0).sum())
         assert len(keys) == stored  # no question holds the same completion twice
 
 
@@ -565,7 +569,7 @@ def test_eviction_queue_drops_what_removals_left_behind():
         buffer.add(make_batch(questions, [1.0] * 2100))
         assert buffer.remove_questions(questions) == 2100
     buffer.add(make_batch([1, 2], [1.0, 0.0], seed=1))
-    assert len(buffer) == 2 and buffer._fifo_length == 2
+    assert len(buffer) == 2 and buffer._storage.fifo_length == 2
     buffer.add(make_batch(list(range(10, 3009)), [1.0] * 2999, seed=2))  # one more than fits
     assert sorted(buffer.policy_snapshot["question_ids"].tolist()) == [2, *range(10, 3009)]
     assert_index_consistent(buffer)
@@ -668,9 +672,9 @@ def test_duplicates_inside_a_batch_collapse_to_the_last():
 
 def test_dedup_compares_ids_exactly_when_hashes_collide(monkeypatch):
     """With every hash equal, only true duplicates collapse."""
-    import exgrpo_pl.buffer as buffer_module
+    import exgrpo_pl.buffer_dedup as dedup_module
 
-    monkeypatch.setattr(buffer_module, "row_hashes", lambda ids, lengths: np.zeros(len(lengths), np.uint64))
+    monkeypatch.setattr(dedup_module, "row_hashes", lambda ids, lengths: np.zeros(len(lengths), np.uint64))
     buffer = no_retire()
     batch = make_batch([1, 1, 1, 1, 2], [1.0, 0.0, 1.0, 0.0, 1.0], entropy=[0.1, 0.2, 0.3, 0.4, 0.5])
     batch.completion_ids[3], batch.completion_mask[3] = batch.completion_ids[1], batch.completion_mask[1]

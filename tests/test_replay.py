@@ -164,7 +164,10 @@ def test_core_modules_import_no_framework():
     own = {
         "difficulty": {"ragged", "validation"},
         "ragged": set(),
-        "buffer": {"batch", "difficulty", "ragged", "validation"},
+        "buffer": {"batch", "buffer_dedup", "buffer_sampling", "buffer_storage", "difficulty", "validation"},
+        "buffer_storage": {"batch", "difficulty", "ragged"},
+        "buffer_sampling": {"batch", "buffer_storage", "difficulty"},
+        "buffer_dedup": {"buffer_storage", "ragged"},
         "replay": {"batch", "buffer", "difficulty", "seeding", "validation"},
         "seeding": set(),
         "validation": set(),
