@@ -155,14 +155,16 @@ def test_validation_errors():
 
 
 def test_core_modules_import_no_framework():
-    """validation, ragged <- difficulty <- buffer <- replay (and seeding) import only the stdlib, NumPy,
-    torch and one another."""
+    """validation, ragged <- rate_tiers, bucket_draw <- difficulty <- buffer <- replay (and seeding) import
+    only the stdlib, NumPy, torch and one another."""
     allowed = {
         "__future__", "collections", "heapq", "math", "numbers", "os", "warnings", "zlib", "numpy", "torch",
     }  # fmt: skip
     package = Path(exgrpo_pl.__file__).parent
     own = {
-        "difficulty": {"ragged", "validation"},
+        "difficulty": {"bucket_draw", "rate_tiers", "validation"},
+        "rate_tiers": set(),
+        "bucket_draw": {"ragged"},
         "ragged": set(),
         "buffer": {"batch", "buffer_dedup", "buffer_sampling", "buffer_storage", "difficulty", "validation"},
         "buffer_storage": {"batch", "difficulty", "ragged"},
