@@ -1,10 +1,12 @@
 """Shared test pieces: a tiny random causal LM saved with `save_pretrained` (as a user's checkpoint would be),
-and the tiny GRPO module most Trainer tests train; `is_gone` for tests of worker processes."""
+and the tiny GRPO module most Trainer tests train; `is_gone` for tests of worker processes; a CPU stand-in
+for Lightning's DeepSpeed strategy."""
 
 import os
 
 import pytest
 import torch
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from transformers import LlamaForCausalLM
 
 from exgrpo_pl.data import ARITHMETIC_ALPHABET
@@ -47,3 +49,15 @@ def is_gone(pid):
     except ProcessLookupError:
         return True
     return False
+
+
+class CPUDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy without its CUDA-only check, on `devices` CPU processes (gloo):
+    DeepSpeed's real engine, testable here (scripts/gpu_smoke.sh checks the CUDA path)."""
+
+    def __init__(self, stage: int, devices: int = 1, start_method: str = "popen") -> None:
+        super().__init__(stage=stage, parallel_devices=[torch.device("cpu", i) for i in range(devices)])
+        self._start_method = start_method  # "fork": children within this test, as with strategy="ddp_fork"
+
+    def setup_environment(self) -> None:
+        DDPStrategy.setup_environment(self)  # skips DeepSpeedStrategy's isinstance(CUDAAccelerator) check

@@ -63,9 +63,10 @@ def test_config_errors_name_the_field(tmp_path):
 
 
 def test_quickstart_is_the_recommended_preset_on_the_reasoning_task():
-    """configs/quickstart.yaml = configs/exgrpo.yaml with the reasoning task's model, reward, lengths, data and
-    schedule (what benchmarks/learning.py lays over a preset for its "reasoning" task) and a DifficultyMonitor:
-    so the learning benchmark's "ExGRPO recommended" runs on that task are quickstart runs, seed by seed."""
+    """configs/quickstart.yaml = configs/exgrpo.yaml with the reasoning task's model, reward, lengths, data
+    and schedule (what benchmarks/learning.py lays over a preset for its "reasoning" task) and a
+    DifficultyMonitor: so the learning benchmark's "ExGRPO recommended" runs on that task are quickstart
+    runs, seed by seed."""
     configs = Path(__file__).parents[1] / "configs"
     quickstart, expected, task = (
         yaml.safe_load((configs / name).read_text())

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import tiny_module
+from conftest import CPUDeepSpeedStrategy, tiny_module
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins.precision import MixedPrecision
 
@@ -89,19 +89,13 @@ def _deepspeed_fit(model_dir: str, out: str, poisoned: list[int], max_nonfinite_
     import os
     import socket
 
-    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
-
-    class CPUDeepSpeedStrategy(DeepSpeedStrategy):  # Lightning's, without its CUDA-only check
-        def setup_environment(self):
-            DDPStrategy.setup_environment(self)
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
     callback = NaNGradients(poisoned)
     module = tiny_module(model_dir, max_nonfinite_steps=max_nonfinite_steps)
     trainer = Trainer(
-        accelerator="cpu", strategy=CPUDeepSpeedStrategy(stage=2, parallel_devices=[torch.device("cpu", 0)]),
+        accelerator="cpu", strategy=CPUDeepSpeedStrategy(stage=2),
         max_steps=4, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, callbacks=[callback],
     )  # fmt: skip

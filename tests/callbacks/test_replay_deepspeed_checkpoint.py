@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import tiny_module
+from conftest import CPUDeepSpeedStrategy, tiny_module
 from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -32,23 +32,11 @@ from exgrpo_pl.replay import SelectiveReplay
 
 deepspeed = pytest.importorskip("deepspeed", reason="needs deepspeed (pip install -e '.[deepspeed]')")
 from deepspeed.accelerator import get_accelerator  # noqa: E402
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     get_accelerator().device_name() != "cpu",
     reason="CPU stand-in for DeepSpeed; with an accelerator, scripts/gpu_smoke.sh checks the real path",
 )
-
-
-class CPUDeepSpeedStrategy(DeepSpeedStrategy):
-    """Lightning's DeepSpeedStrategy without its CUDA-only check."""
-
-    def __init__(self, stage: int, devices: int = 1, start_method: str = "popen") -> None:
-        super().__init__(stage=stage, parallel_devices=[torch.device("cpu", i) for i in range(devices)])
-        self._start_method = start_method  # "fork": children within this test, as with strategy="ddp_fork"
-
-    def setup_environment(self) -> None:
-        DDPStrategy.setup_environment(self)  # skips DeepSpeedStrategy's isinstance(CUDAAccelerator) check
 
 
 def own_state(callback: ReplayCallback) -> dict:
