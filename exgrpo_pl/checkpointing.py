@@ -12,354 +12,75 @@ the newest complete checkpoint and moves `last.ckpt` links atomically. `exgrpo f
 from __future__ import annotations
 
 import contextlib
-import errno
 import glob
 import os
 import pickle
-import re
-import secrets
 import shutil
-import zipfile
 from typing import Any
 
 import torch
-from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-# `.<final name>.tmp-<pid>-<8 hex>`: a dot file, so no "*.ckpt" glob and no "last" lookup ever matches it.
-TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
-# Written into a DeepSpeed checkpoint folder once every rank has written its part (`mark_complete`).
-COMPLETE_MARKER = "exgrpo-complete"
+from exgrpo_pl.atomic_writes import (
+    COMPLETE_MARKER,
+    TEMP_NAME,
+    OutOfSpaceError,
+    link_atomically,
+    local_path,
+    mark_complete,
+    mark_incomplete,
+    raise_if_out_of_space,
+    remove_stale_temp_files,
+    save_atomically,
+    temp_path,
+    tensor_bytes,
+)
+from exgrpo_pl.checkpoint_integrity import (
+    NonFiniteCheckpointError,
+    check_finite,
+    check_loadable,
+    first_non_finite,
+    held_parameters,
+    incomplete_reason,
+    newest_complete_checkpoint,
+)
 
-
-class NonFiniteCheckpointError(ValueError):
-    """A checkpoint's weights hold NaN or inf; nothing was written."""
+__all__ = [
+    "COMPLETE_MARKER",
+    "TEMP_NAME",
+    "AtomicCheckpointIO",
+    "NonFiniteCheckpointError",
+    "OutOfSpaceError",
+    "SafeModelCheckpoint",
+    "UnsafeCheckpointError",
+    "check_finite",
+    "check_loadable",
+    "first_non_finite",
+    "held_parameters",
+    "incomplete_reason",
+    "link_atomically",
+    "mark_complete",
+    "newest_complete_checkpoint",
+    "raise_if_out_of_space",
+    "remove_stale_temp_files",
+    "save_atomically",
+    "temp_path",
+    "tensor_bytes",
+]
 
 
 class UnsafeCheckpointError(ValueError):
     """A checkpoint's pickle names something other than tensors and primitives; nothing of it was run."""
 
 
-def _local(path: Any) -> str | None:
-    """`path` as a local filesystem path, or None for a remote URL (left to Lightning's writer)."""
-    fs, local = url_to_fs(str(path))
-    return local if isinstance(fs, LocalFileSystem) else None
-
-
 def _unpickler_reason(err: Exception) -> str:
     """The line of torch's long weights-only refusal that says what was refused."""
     lines = [line.strip() for line in str(err).splitlines()]
     return next((line for line in lines if "Unpickler error" in line), lines[0] if lines else "")
-
-
-def temp_path(path: str) -> str:
-    """A fresh name in the same directory as `path` that `remove_stale_temp_files` recognises.
-
-    Args:
-        path: the final path the temp file stands in for.
-    """
-    directory, name = os.path.split(path)
-    return os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # makes the rename itself durable, not only the file's bytes
-    finally:
-        os.close(fd)
-
-
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # this process saves synchronously: a temp file of its own is from an earlier failure
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _delete(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
-
-
-def remove_stale_temp_files(directory: str) -> list[str]:
-    """Deletes the temp files (and folders being removed) that killed saves left in `directory`.
-
-    Only names in the temp pattern are touched; those of a process still running on this machine are kept,
-    since it may be saving right now.
-
-    Args:
-        directory: a checkpoint directory; a missing one is fine.
-
-    Returns:
-        The deleted paths.
-    """
-    try:
-        names = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    stale = []
-    for name in names:
-        match = TEMP_NAME.match(name)
-        if match is not None and not _process_alive(int(match["pid"])):
-            stale.append(os.path.join(directory, name))
-            _delete(stale[-1])
-    return stale
-
-
-def save_atomically(checkpoint: dict[str, Any], path: str) -> None:
-    """`torch.save` into a temp file next to `path`, fsync it, rename it over `path`, fsync the directory.
-
-    A kill at any moment leaves either the old `path` or the new one, plus at most a temp file, which the
-    next save into that directory deletes. Stale temp files are deleted first.
-
-    Args:
-        checkpoint: what to save.
-        path: the final local path.
-
-    Raises:
-        OutOfSpaceError: the filesystem filled up (the temp file is deleted, `path` untouched).
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    remove_stale_temp_files(directory)
-    temp = temp_path(path)
-    try:
-        with open(temp, "xb") as file:  # unlike mkstemp's 0600, the checkpoint gets the umask's mode
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException as err:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temp)
-        raise_if_out_of_space(err, path, tensor_bytes(checkpoint))
-        raise
-    _fsync_directory(directory)
-
-
-class OutOfSpaceError(OSError):
-    """A write found its filesystem full; the message names the path, the space needed and the space free."""
-
-
-def tensor_bytes(value: Any) -> int:
-    """The bytes of the tensors in `value` (nested dicts, lists and tuples): what its file takes at least."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(tensor_bytes(item) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(tensor_bytes(item) for item in value)
-    return 0
-
-
-def raise_if_out_of_space(err: BaseException, path: str, needed_bytes: int) -> None:
-    """Raises `OutOfSpaceError` from `err` when it, or an error it arose from, says the disk or quota is full.
-
-    torch's writer turns the `OSError` of a full disk into a bare `RuntimeError` ("unexpected pos"), which
-    keeps the OSError as its context; that chain is what is read here.
-
-    Args:
-        err: the error a write raised.
-        path: what was being written.
-        needed_bytes: what the write needs at least.
-    """
-    cause, seen = err, set()
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
-            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
-            raise OutOfSpaceError(
-                errno.ENOSPC,
-                f"No space left to write {path}: it needs at least {needed_bytes / 2**20:.1f} MiB and"
-                f" {free / 2**20:.1f} MiB is free there ({cause.strerror}). Nothing was written and existing"
-                " checkpoints are untouched; free some space, or save elsewhere (the checkpoint callback's"
-                " `dirpath`, `trainer.default_root_dir`).",
-            ) from err
-        cause = cause.__cause__ or cause.__context__
-
-
-def link_atomically(target: str, link: str) -> None:
-    """Points the symlink `link` at `target` (relative) by renaming a new link over it: never missing.
-
-    Args:
-        target: the checkpoint to point at.
-        link: the link's path (e.g. last.ckpt), replaced if it exists.
-    """
-    temp = temp_path(link)
-    os.symlink(os.path.relpath(target, os.path.dirname(os.path.abspath(link))), temp)
-    os.replace(temp, link)
-    _fsync_directory(os.path.dirname(os.path.abspath(link)))
-
-
-def mark_complete(folder: str) -> None:
-    """Writes `COMPLETE_MARKER` into a checkpoint folder (temp file, rename, fsync): call it once every rank
-    has finished writing into the folder.
-
-    Args:
-        folder: a local DeepSpeed checkpoint folder.
-    """
-    marker = os.path.join(folder, COMPLETE_MARKER)
-    temp = temp_path(marker)
-    try:
-        with open(temp, "x") as file:
-            file.write("every rank's shards are written\n")
-            file.flush()
-            os.fsync(file.fileno())
-    except OSError as err:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temp)
-        raise_if_out_of_space(err, marker, 32)
-        raise
-    os.replace(temp, marker)
-    _fsync_directory(folder)
-
-
-def first_non_finite(tensors: dict[str, Any]) -> str | None:
-    """The name of the first floating, non-empty tensor holding NaN or inf; None when all are finite.
-
-    `aminmax` is NaN when any element is NaN and +-inf when one is infinite, so two scalars per tensor
-    answer for all of it without a tensor-sized mask (which on a GPU near its memory limit could OOM).
-
-    Args:
-        tensors: name -> tensor; other values are skipped.
-    """
-    for name, tensor in tensors.items():
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel():
-            low, high = torch.aminmax(tensor.detach())
-            if not bool(torch.isfinite(low) & torch.isfinite(high)):
-                return name
-    return None
-
-
-def held_parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Name -> the values of each parameter this process holds: the parameter itself, or under DeepSpeed
-    ZeRO-3, whose parameters are empty placeholders between forwards, this rank's partition (`ds_tensor`).
-
-    Args:
-        module: the (possibly sharded) module.
-    """
-    return {
-        name: parameter if getattr(parameter, "ds_tensor", None) is None else parameter.ds_tensor
-        for name, parameter in module.named_parameters()
-    }
-
-
-def check_finite(state_dict: dict[str, Any], path: Any) -> None:
-    """Raises `NonFiniteCheckpointError` naming `path` and the first parameter holding NaN or inf.
-
-    Args:
-        state_dict: name -> tensor; non-floating and empty tensors are skipped.
-        path: the checkpoint being written, for the message.
-    """
-    name = first_non_finite(state_dict)
-    if name is not None:
-        tensor = state_dict[name]
-        nan, inf = int(tensor.isnan().sum()), int(tensor.isinf().sum())
-        raise NonFiniteCheckpointError(
-            f"Refusing to write checkpoint {path}: parameter {name!r} has {nan} NaN and {inf} inf values"
-            f" out of {tensor.numel()}. Existing checkpoints are untouched; resume from the newest one."
-        )
-
-
-def incomplete_reason(path: str) -> str | None:
-    """Why `path` cannot be resumed from, or None when it is a complete checkpoint.
-
-    A file is complete when its zip index (written last by `torch.save`) is there and its pickle record
-    passes its CRC: this reads the index and the pickle, never the tensors, whatever their size, and
-    unpickles nothing. A DeepSpeed checkpoint folder is complete once it holds `COMPLETE_MARKER`: DeepSpeed's
-    own `latest` file is written by rank 0 alone, before the barrier that waits for the other ranks' shards.
-
-    Args:
-        path: a checkpoint file, link or folder.
-    """
-    if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
-            return None
-        return f"no {COMPLETE_MARKER} file in the folder: a rank may not have finished writing its shards"
-    try:
-        with zipfile.ZipFile(path) as archive:
-            pickles = [name for name in archive.namelist() if name.endswith("data.pkl")]
-            if not pickles:
-                return "no data.pkl record"
-            archive.read(pickles[0])
-    except Exception as err:  # empty, truncated, dangling link, bad CRC: all mean "cannot resume from this"
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
-def check_loadable(path: Any, option: str = "ckpt_path") -> None:
-    """Raises ValueError naming `option` and `path` when `path` is a local file that is not a complete
-    checkpoint (empty, truncated, not a zip), instead of torch's bare `EOFError` or zip error.
-
-    Args:
-        path: the checkpoint given; URLs, "last" and other non-files are left to the loader.
-        option: the option it came from, for the message.
-    """
-    local = _local(path) if path is not None else None
-    if local is None or not os.path.isfile(local):
-        return
-    reason = incomplete_reason(local)
-    if reason is not None:
-        raise ValueError(
-            f"{option}={path}: not a complete checkpoint ({reason}); a save into it was cut short, or it is"
-            " not a checkpoint. Give another one, or `last`, which takes the newest complete checkpoint."
-        )
-
-
-def _saved_at(path: str) -> int:
-    """When `path` was saved: its mtime; a DeepSpeed folder's is its completion marker's (removing files from
-    an older folder touches the folder's own mtime); a dangling link's is the link's own."""
-    with contextlib.suppress(OSError):
-        return os.stat(os.path.join(path, COMPLETE_MARKER) if os.path.isdir(path) else path).st_mtime_ns
-    with contextlib.suppress(OSError):
-        return os.lstat(path).st_mtime_ns
-    return -1
-
-
-def newest_complete_checkpoint(directories: list[str]) -> str | None:
-    """The newest complete `*.ckpt` in `directories`, warning about each newer one that is incomplete.
-
-    Args:
-        directories: checkpoint directories; missing ones are skipped.
-
-    Returns:
-        A path, or None when there is no complete checkpoint.
-    """
-    paths = []
-    for directory in directories:
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            names = os.listdir(directory)
-            paths += [os.path.join(directory, n) for n in names if n.endswith(".ckpt") and n[0] != "."]
-    skipped, seen = [], set()
-    # Newest first; a link after the file it points to (same mtime), so warnings name the file itself.
-    for path in sorted(paths, key=lambda p: (_saved_at(p), not os.path.islink(p)), reverse=True):
-        if os.path.realpath(path) in seen:
-            continue  # last.ckpt linked to a checkpoint already judged
-        seen.add(os.path.realpath(path))
-        reason = incomplete_reason(path)
-        if reason is None:
-            for bad, why in skipped:
-                rank_zero_warn(f'ckpt_path="last": skipping incomplete {bad} ({why}); using {path}')
-            return path
-        skipped.append((path, reason))
-    if skipped:
-        listing = "; ".join(f"{bad} ({why})" for bad, why in skipped)
-        rank_zero_warn(f'ckpt_path="last": no complete checkpoint, so none is loaded. Incomplete: {listing}')
-    return None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -380,7 +101,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             storage_options: not supported, as in `TorchCheckpointIO`.
         """
         check_finite(checkpoint.get("state_dict", {}), path)
-        local = _local(path)
+        local = local_path(path)
         if local is None or storage_options is not None:
             super().save_checkpoint(checkpoint, path, storage_options)
         else:
@@ -406,7 +127,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f" you trust its source. ({_unpickler_reason(err)})"
             ) from err
         except Exception as err:
-            local = _local(path)
+            local = local_path(path)
             reason = incomplete_reason(local) if local is not None else None
             if reason is None:
                 raise
@@ -422,7 +143,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         Args:
             path: the checkpoint to remove.
         """
-        local = _local(path)
+        local = local_path(path)
         if local is None:
             super().remove_checkpoint(path)
         elif os.path.isdir(local) and not os.path.islink(local):
@@ -460,14 +181,14 @@ class SafeModelCheckpoint(ModelCheckpoint):
     def _checkpoint_dirs(self, trainer) -> list[str] | None:
         """Where this callback's checkpoints are (all logger versions without a dirpath); None when remote."""
         if not self._logger_dirs:
-            return [self.dirpath] if _local(self.dirpath) is not None else None
+            return [self.dirpath] if local_path(self.dirpath) is not None else None
         if not trainer.loggers:
             root, pattern = trainer.default_root_dir, "checkpoints"
         else:
             logger = trainer.loggers[0]
             root = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
             pattern = os.path.join(glob.escape(str(logger.name)), "*", "checkpoints")
-        if _local(root) is None:
+        if local_path(root) is None:
             return None
         return sorted(glob.glob(os.path.join(glob.escape(str(root)), pattern)))
 
@@ -475,7 +196,7 @@ class SafeModelCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
         if trainer.is_global_zero:
             for directory in {self.dirpath, *(self._checkpoint_dirs(trainer) or [])}:
-                if _local(directory) is not None:
+                if local_path(directory) is not None:
                     remove_stale_temp_files(directory)
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -525,11 +246,11 @@ class SafeModelCheckpoint(ModelCheckpoint):
                 f"Refusing to write checkpoint {filepath}: another rank's weights hold NaN or inf. Existing"
                 " checkpoints are untouched; resume from the newest one."
             )
-        local = _local(filepath)
+        local = local_path(filepath)
         if trainer.is_global_zero and local is not None and os.path.isdir(local):
             # A save into an existing folder (save_last: true) makes it incomplete until the marker is back;
             # DeepSpeed lets no rank write before the barrier that opens its save.
-            _delete(os.path.join(local, COMPLETE_MARKER))
+            mark_incomplete(local)
         super()._save_checkpoint(trainer, filepath)
         # Trainer.save_checkpoint has passed its barrier: every rank's DeepSpeed shards are written.
         if trainer.is_global_zero and local is not None and os.path.isdir(local):
