@@ -19,7 +19,6 @@ import shutil
 from typing import Any
 
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
@@ -48,6 +47,7 @@ from exgrpo_pl.checkpoint_integrity import (
     incomplete_reason,
     newest_complete_checkpoint,
 )
+from exgrpo_pl.lightning_internals import ModelCheckpointHooks
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -155,7 +155,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.remove(local)
 
 
-class SafeModelCheckpoint(ModelCheckpoint):
+class SafeModelCheckpoint(ModelCheckpointHooks):
     """Lightning's `ModelCheckpoint` (same arguments) that a kill or an early stop cannot defeat.
 
     - Saves when training ends, whatever stopped it (max_steps mid-epoch, max_epochs, a callback's
@@ -170,8 +170,9 @@ class SafeModelCheckpoint(ModelCheckpoint):
     - Clears the temp files of killed saves from those directories at setup.
     - Marks a DeepSpeed checkpoint folder complete (`COMPLETE_MARKER`) once every rank has written its part.
 
-    The overrides of Lightning's private methods are each commented; tests/test_checkpointing.py pins their
-    names and signatures.
+    Lightning's public callback hooks do the first two and the setup; the rest are hooks of
+    `exgrpo_pl.lightning_internals.ModelCheckpointHooks`, which holds the overrides of Lightning's private
+    methods they need.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -192,6 +193,7 @@ class SafeModelCheckpoint(ModelCheckpoint):
             return None
         return sorted(glob.glob(os.path.join(glob.escape(str(root)), pattern)))
 
+    @override
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if trainer.is_global_zero:
@@ -199,16 +201,16 @@ class SafeModelCheckpoint(ModelCheckpoint):
                 if local_path(directory) is not None:
                     remove_stale_temp_files(directory)
 
+    @override
     def on_train_end(self, trainer, pl_module) -> None:
-        # Private helpers: the same save `on_train_batch_end` makes; the skip check is false when this step
-        # has been saved already, or in a sanity check / fast_dev_run.
-        if not self._should_skip_saving_checkpoint(trainer):
-            metrics = self._monitor_candidates(trainer)
+        # The same save `on_train_batch_end` makes; skipped when this step has been saved already, or in a
+        # sanity check / fast_dev_run.
+        if not self.skips_saving(trainer):
+            metrics = self.monitor_candidates(trainer)
             # By now Lightning has counted the last epoch, cut short or not, as done, so `current_epoch` is
             # one past the epoch the last step was in: name the checkpoint after that one.
             metrics["epoch"] = torch.tensor(max(trainer.current_epoch - 1, 0))
-            self._save_topk_checkpoint(trainer, metrics)
-            self._save_last_checkpoint(trainer, metrics)
+            self.save_topk_and_last(trainer, metrics)
         super().on_train_end(trainer, pl_module)
 
     @override
@@ -218,12 +220,12 @@ class SafeModelCheckpoint(ModelCheckpoint):
         if self.save_on_exception or trainer.state.fn != TrainerFn.FITTING:
             super().on_exception(trainer, pl_module, exception)
             return
-        if self._last_checkpoint_saved:
-            step = self._last_global_step_saved
+        if self.last_checkpoint_saved:
+            step = self.last_global_step_saved
             lost = trainer.global_step - step
             redo = f", redoing the {lost} finished steps after it" if lost else ""
             kept = (
-                f"The newest checkpoint of this run, {self._last_checkpoint_saved} (step {step}), is"
+                f"The newest checkpoint of this run, {self.last_checkpoint_saved} (step {step}), is"
                 f' untouched: resuming from it (`ckpt_path="last"`) continues from step {step}{redo}.'
             )
         else:
@@ -235,10 +237,14 @@ class SafeModelCheckpoint(ModelCheckpoint):
             f" run exactly. {kept}"
         )
 
-    def _save_checkpoint(self, trainer, filepath: str) -> None:
-        # Private: every rank calls it for each save, and only rank 0 writes, so only rank 0's writer would
-        # refuse non-finite weights while the other ranks wait for it in the save's barrier. Deciding on
-        # every rank first makes them all raise together, each over what it holds (nothing is gathered).
+    @override
+    def before_save(self, trainer, filepath: str) -> None:
+        """Refuses non-finite weights on every rank, and marks a DeepSpeed folder saved into again incomplete.
+
+        Every rank saves, and only rank 0 writes, so only rank 0's writer would refuse non-finite weights
+        while the other ranks wait for it in the save's barrier. Deciding on every rank first makes them all
+        raise together, each over what it holds (nothing is gathered).
+        """
         weights = held_parameters(trainer.lightning_module)
         if not trainer.strategy.reduce_boolean_decision(first_non_finite(weights) is None, all=True):
             check_finite(weights, filepath)  # raises naming the parameter on the ranks that hold it
@@ -251,34 +257,40 @@ class SafeModelCheckpoint(ModelCheckpoint):
             # A save into an existing folder (save_last: true) makes it incomplete until the marker is back;
             # DeepSpeed lets no rank write before the barrier that opens its save.
             mark_incomplete(local)
-        super()._save_checkpoint(trainer, filepath)
-        # Trainer.save_checkpoint has passed its barrier: every rank's DeepSpeed shards are written.
+
+    @override
+    def after_save(self, trainer, filepath: str) -> None:
+        """Marks a DeepSpeed checkpoint folder complete: `Trainer.save_checkpoint` has passed its barrier,
+        so every rank's shards are written."""
+        local = local_path(filepath)
         if trainer.is_global_zero and local is not None and os.path.isdir(local):
             mark_complete(local)
 
-    def _find_last_checkpoints(self, trainer) -> set[str]:
-        # Private: Lightning's `_CheckpointConnector._parse_ckpt_path` resolves ckpt_path="last" to the
-        # newest, by mtime, of what each ModelCheckpoint returns here, without looking inside.
+    @override
+    def find_last_checkpoints(self, trainer) -> set[str] | None:
+        """The newest complete checkpoint in this callback's directories (none when there is none); None, for
+        Lightning's lookup, when they are remote."""
         directories = self._checkpoint_dirs(trainer)
         if directories is None:
-            return super()._find_last_checkpoints(trainer)
+            return None
         newest = newest_complete_checkpoint(directories)
         return {newest} if newest is not None else set()
 
-    @staticmethod
-    def _link_checkpoint(trainer, filepath: str, linkpath: str) -> None:
-        # Private: Lightning deletes `linkpath` and then creates the link; a kill in between leaves none.
+    @override
+    def link_checkpoint(self, trainer, filepath: str, linkpath: str) -> None:
+        """Renames a new link over `linkpath`: Lightning deletes `linkpath` and then creates the link, and a
+        kill in between leaves none."""
         if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
             if os.path.isdir(linkpath) and not os.path.islink(linkpath):
                 shutil.rmtree(linkpath)  # a real folder (DeepSpeed, save_last=True before): no rename over it
             link_atomically(filepath, linkpath)
         trainer.strategy.barrier()
 
-    def _remove_checkpoint(self, trainer, filepath: str) -> None:
-        # Private: with save_last="link", Lightning removes the previous top-k checkpoint before it moves
-        # last.ckpt off it (seconds for a DeepSpeed folder); point the link at the newest save first. Decided
-        # from bookkeeping only, so every rank reaches the link's barrier alike.
-        newest, link = self._last_checkpoint_saved, self.last_model_path
+    @override
+    def before_remove(self, trainer, filepath: str) -> None:
+        """With save_last="link", points the link at the newest save before the checkpoint it pointed at is
+        removed (Lightning removes the previous top-k checkpoint first, which takes seconds for a DeepSpeed
+        folder). Decided from bookkeeping only, so every rank reaches the link's barrier alike."""
+        newest, link = self.last_checkpoint_saved, self.last_model_path
         if self.save_last == "link" and link and newest and filepath not in (newest, link) and newest != link:
-            self._link_checkpoint(trainer, newest, link)
-        super()._remove_checkpoint(trainer, filepath)
+            self.link_checkpoint(trainer, newest, link)

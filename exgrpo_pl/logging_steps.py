@@ -13,6 +13,7 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.lightning_internals import batches_that_stepped, should_update_logs
 from exgrpo_pl.rollout import completion_mask_from_ids
 
 
@@ -28,8 +29,8 @@ def writes_step_metrics(trainer: Trainer) -> bool:
     epoch_ends = (
         loop.batch_progress.is_last_batch or loop.batch_progress.current.ready >= trainer.num_training_batches
     )
-    run_ends = trainer.max_steps > 0 and loop._batches_that_stepped + 1 >= trainer.max_steps
-    return trainer._logger_connector.should_update_logs or epoch_ends or run_ends
+    run_ends = trainer.max_steps > 0 and batches_that_stepped(trainer) + 1 >= trainer.max_steps
+    return should_update_logs(trainer) or epoch_ends or run_ends
 
 
 def step_metrics(

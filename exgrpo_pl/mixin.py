@@ -21,6 +21,7 @@ from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.groups import record_behaviour, replayed_token_loss, sample_groups
+from exgrpo_pl.lightning_internals import attached_trainer
 from exgrpo_pl.logprobs import DEFAULT_CHUNK_ELEMENTS
 from exgrpo_pl.rollout import num_micro_batches, score_entropy
 
@@ -129,7 +130,7 @@ class ReplayMixin:
             per_token, logps, rollouts, self._replay_setting("off_policy_correction", "shaping"),
             self._replay_setting("shaping_beta", 0.1), self._replay_setting("is_truncation", 2.0), stats,
         )  # fmt: skip
-        if stats and getattr(self, "_trainer", None) is not None:
+        if stats and attached_trainer(self) is not None:
             is_weight = stats["is_weight"]
             self.log("train/is_weight", is_weight, on_step=True, on_epoch=False, batch_size=len(rollouts))
         return per_token

@@ -29,6 +29,7 @@ from exgrpo_pl.collect import RolloutCollector
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.engines import SamplingConfig, build_engine, check_engine
 from exgrpo_pl.groups import RolloutPlan, assemble_groups, plan_rollouts
+from exgrpo_pl.lightning_internals import attached_trainer
 from exgrpo_pl.logging_steps import step_metrics, writes_step_metrics
 from exgrpo_pl.logprobs import DEFAULT_CHUNK_ELEMENTS
 from exgrpo_pl.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
@@ -210,7 +211,8 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         hp = self.hparams
         # Under ZeRO-3 transformers must know the model is partitioned while it loads the checkpoint; it
         # learns that from a live HfDeepSpeedConfig, kept as long as the model.
-        self._hf_deepspeed = hf_deepspeed_config(self._trainer) if self._trainer is not None else None
+        trainer = attached_trainer(self)
+        self._hf_deepspeed = hf_deepspeed_config(trainer) if trainer is not None else None
         self.policy = load_policy(
             hp.model_name_or_path, hp.dtype, hp.attn_implementation, hp.gradient_checkpointing
         )
@@ -221,7 +223,7 @@ class ExGRPOModule(ReplayMixin, LightningModule):
             self.policy = get_peft_model(self.policy, self.lora_config)
         elif hp.beta > 0:
             self.reference = deepcopy(self.policy).eval().requires_grad_(False)
-        sharded = self._trainer is not None and needs_synced_generation(self._trainer)
+        sharded = trainer is not None and needs_synced_generation(trainer)
         self.engine = build_engine(hp.rollout_engine, self.policy, sharded, hp.rollout_engine_options)
 
     def configure_optimizers(self):
@@ -393,7 +395,7 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         self.num_tokens = counts.get("num_tokens", 0)
         self.generated_tokens = counts.get("generated_tokens", 0)
         self.nonfinite.skipped = counts.get("nonfinite_steps", 0)
-        trainer = self._trainer  # None in load_from_checkpoint
+        trainer = attached_trainer(self)  # None in load_from_checkpoint
         if trainer is not None:
             warn_changed_options(checkpoint, self, trainer.datamodule, trainer.ckpt_path)
         # Lightning restores the loops after this hook; on_train_start settles what it then miscounts.

@@ -18,6 +18,9 @@ many when validation is due at that point; `settle_resumed_step_count` takes it 
         if self._resumed_at == "epoch end":
             settle_resumed_step_count(self.trainer)
 
+Both read and write Lightning's private loop state, so they live in `exgrpo_pl.lightning_internals` (with
+every other use of Lightning's private API, each checked against the installed version) and import from here.
+
 A resumed run must not set its training loader up before the checkpoint's loops are restored: Lightning
 then never loads the loader's saved pass and position (Lightning issue #20550).
 `trainer.estimated_stepping_batches` sets it up when `max_epochs` is finite (every shipped config), so
@@ -37,90 +40,27 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.trainer.connectors.data_connector import (
-    _parse_num_batches,
-    _process_dataloader,
-    _request_dataloader,
-)
-from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
-from lightning.pytorch.utilities.combined_loader import _SUPPORTED_MODES
-from lightning.pytorch.utilities.data import has_len_all_ranks
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 
-_FIT = "fit_loop"
-_EPOCHS = "epoch_progress"
-_BATCHES = "epoch_loop.batch_progress"
-_VAL_BATCHES = "epoch_loop.val_loop.batch_progress"
-_LOOP_STATE = "epoch_loop.state_dict"
-_KEYS = ("ready", "started", "processed", "completed")
+from exgrpo_pl.lightning_internals import (
+    loader_states_pending,
+    resumable_fit_progress,
+    settle_resumed_step_count,
+    training_batches,
+)
 
-
-def resumable_fit_progress(checkpoint: dict[str, Any]) -> str | None:
-    """Rewrites, in place, the fit-loop progress of a checkpoint saved after a training batch into the form
-    Lightning resumes exactly from (see the module docstring); other checkpoints are left alone.
-
-    Args:
-        checkpoint: a Lightning checkpoint dict, before Lightning restores its loops.
-
-    Returns:
-        "epoch end" or "mid-epoch" when the progress was rewritten to that form, else None.
-    """
-    loop = checkpoint.get("loops", {}).get(_FIT)
-    if not loop or _EPOCHS not in loop or _BATCHES not in loop:
-        return None
-    epochs, batches = loop[_EPOCHS], loop[_BATCHES]
-    epoch, batch = (epochs["total"][k] for k in _KEYS), (batches["total"][k] for k in _KEYS)
-    e_ready, e_started, e_processed, e_completed = epoch
-    b_ready, b_started, b_processed, b_completed = batch
-    if not (b_ready == b_started == b_processed > 0 and batches["current"]["processed"] > 0):
-        return None  # before any batch of the epoch, or inside one
-    in_batch_end = b_completed == b_processed - 1  # saved in on_train_batch_end
-    if not in_batch_end and b_completed != b_processed:
-        return None
-    if e_ready == e_started == e_processed + 1 == e_completed + 1:
-        kind, index = "batch", e_completed  # on_train_batch_end, or on_validation_end inside the epoch loop
-    elif e_ready == e_started == e_processed == e_completed + 1:
-        kind, index = "epoch", e_completed  # on_train_epoch_end: processed, not completed
-    elif e_ready == e_started == e_processed == e_completed > 0:
-        kind, index = "end", e_completed - 1  # on_train_end: the epoch counts as completed
-    else:
-        return None
-    if batches["is_last_batch"]:
-        _set(epochs, {k: index + 1 for k in _KEYS})  # epoch `index` finished, the next one not begun
-        batches["total"]["completed"] = b_processed
-        batches["current"].update(dict.fromkeys(_KEYS, 0))
-        batches["is_last_batch"] = False
-        # The uninterrupted run zeroes the validation batches counted in the epoch when the next one starts;
-        # Lightning, resuming, takes that start for a restart and keeps them.
-        if _VAL_BATCHES in loop:
-            loop[_VAL_BATCHES]["total"].update(dict.fromkeys(_KEYS, 0))
-        # Lightning counts a batch as stepped after on_train_batch_end and on_validation_end.
-        stepped = 1 if kind == "batch" else 0
-    elif kind == "batch":
-        return None  # mid-epoch from on_train_batch_end or on_validation_end: Lightning resumes these itself
-    else:
-        _set(epochs, {"ready": index + 1, "started": index + 1, "processed": index, "completed": index})
-        for progress in (batches["total"], batches["current"]):
-            progress["completed"] = progress["processed"] - 1
-        stepped = -1  # as on_train_batch_end saves it: Lightning counts the batch when it resumes
-    loop[_LOOP_STATE]["_batches_that_stepped"] += stepped
-    return "mid-epoch" if stepped < 0 else "epoch end"
-
-
-def settle_resumed_step_count(trainer) -> None:
-    """Takes back the logging step Lightning counts for the validation it skips when it resumes, with
-    validation due, from a checkpoint that `resumable_fit_progress` rewrote to an epoch's end (it takes
-    that validation for already run and counts the batch as stepped once more). Call in `on_train_start`.
-
-    Args:
-        trainer: the resumed run's trainer.
-    """
-    loop, fetcher = trainer.fit_loop.epoch_loop, trainer.fit_loop._data_fetcher
-    if fetcher is None or not (loop.restarting and loop.restarted_on_last):
-        return
-    if loop._should_check_val_fx(fetcher):  # Lightning's own test, in TrainingEpochLoop.advance
-        loop._batches_that_stepped -= 1
+__all__ = [
+    "changed_options",
+    "estimated_stepping_batches",
+    "restore_rng_states",
+    "resumable_fit_progress",
+    "rng_states",
+    "settle_resumed_step_count",
+    "use_run_optimizer_options",
+    "warn_changed_options",
+    "warn_if_loader_not_restored",
+]
 
 
 def estimated_stepping_batches(trainer) -> int | float:
@@ -135,28 +75,11 @@ def estimated_stepping_batches(trainer) -> int | float:
     """
     if trainer.max_epochs == -1 or trainer.limit_train_batches == 0 or trainer.train_dataloader is not None:
         return trainer.estimated_stepping_batches  # sets nothing up: no loader needed, or one is set up
-    batches = _training_batches(trainer)
+    batches = training_batches(trainer)
     if batches == math.inf:
         return trainer.max_steps
     steps = math.ceil(batches / trainer.accumulate_grad_batches) * max(trainer.max_epochs, 1)
     return min(steps, trainer.max_steps) if trainer.max_steps != -1 else steps
-
-
-def _training_batches(trainer) -> int | float:
-    """What `trainer.num_training_batches` will be, measured as `FitLoop.setup_data` measures it."""
-    requested = _request_dataloader(trainer.fit_loop._data_source)
-    combined = (
-        requested if isinstance(requested, CombinedLoader) else CombinedLoader(requested, "max_size_cycle")
-    )
-    allow_zero = trainer.lightning_module.allow_zero_length_dataloader_with_multiple_devices
-    if trainer.datamodule is not None:
-        allow_zero |= trainer.datamodule.allow_zero_length_dataloader_with_multiple_devices
-    stage, limits = RunningStage.TRAINING, []
-    for loader in combined.flattened:
-        loader = _process_dataloader(trainer, TrainerFn.FITTING, stage, loader)
-        length = len(loader) if has_len_all_ranks(loader, trainer.strategy, allow_zero) else math.inf
-        limits.append(_parse_num_batches(stage, length, trainer.limit_train_batches))
-    return _SUPPORTED_MODES[combined._mode]["fn"](limits)  # a CombinedLoader's length, from its limits
 
 
 def warn_if_loader_not_restored(trainer) -> None:
@@ -167,7 +90,7 @@ def warn_if_loader_not_restored(trainer) -> None:
     Args:
         trainer: the resumed run's trainer.
     """
-    if trainer.fit_loop._combined_loader_states_to_load:  # Lightning clears them once it loads them
+    if loader_states_pending(trainer):  # Lightning clears them once it loads them
         rank_zero_warn(
             "Resuming: the training data loader was set up before the checkpoint was restored (for instance"
             " by reading trainer.estimated_stepping_batches before training starts), so its saved pass and"
@@ -246,13 +169,6 @@ def use_run_optimizer_options(optimizer, scheduler, learning_rate: float, weight
         group["initial_lr"] = learning_rate
         group["lr"] = learning_rate * lr_lambda(scheduler.last_epoch)  # as LambdaLR.step sets it
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-
-
-def _set(progress: dict[str, Any], total: dict[str, int]) -> None:
-    """Sets the total counts to `total` and the current ones (this run's) to as much less as they were."""
-    shift = {k: progress["current"][k] - progress["total"][k] for k in _KEYS}
-    progress["total"].update(total)
-    progress["current"].update({k: total[k] + shift[k] for k in _KEYS})
 
 
 def rng_states() -> dict[str, Any]:

@@ -44,6 +44,8 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
+from exgrpo_pl.lightning_internals import deepspeed_config_filled_in
+
 # Trainer precision flag -> the DeepSpeed section that Lightning enables for it (None: neither).
 _PRECISION_SECTION = {
     "16-mixed": "fp16",
@@ -224,7 +226,7 @@ def _deepspeed_problems(
             "it would apply only the last micro-batch's gradient of each step; install deepspeed>=0.19.5 "
             "(0.19.4 added it, 0.19.5 with optimizer offload)"
         )
-    formatted = getattr(trainer.strategy, "_config_initialized", False)  # Lightning has filled it in
+    formatted = deepspeed_config_filled_in(trainer.strategy)  # Lightning has filled it in
     auto = _auto_keys(config)
     if auto:
         problems.append(
