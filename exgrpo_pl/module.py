@@ -3,14 +3,15 @@
 Alone it trains plain GRPO: K rollouts per prompt, verifiable rewards, group advantages, a clipped policy
 gradient step. With `exgrpo_pl.callbacks.ReplayCallback` it trains ExGRPO: the callback puts replayed
 experience into the batch and the module mixes it in (`exgrpo_pl.groups`). Rollouts are sampled by a rollout
-engine (`exgrpo_pl.engines`) and scored by a `RolloutCollector` (`exgrpo_pl.collect`).
+engine (`exgrpo_pl.engines`) and scored by a `RolloutCollector` (`exgrpo_pl.collect`). Its options are
+checked in `exgrpo_pl.module_options`, its validation and test in `exgrpo_pl.module_evaluation`
+(`PassRateEvaluation`), its checkpoint and resume hooks in `exgrpo_pl.module_resume` (`ResumableModule`).
 
     exgrpo fit --config configs/quickstart.yaml
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -18,8 +19,7 @@ from copy import deepcopy
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import CombinedLoader, rank_zero_info
-from torch import Tensor
+from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 from transformers import get_scheduler
 from typing_extensions import override
@@ -27,33 +27,24 @@ from typing_extensions import override
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.collect import RolloutCollector
 from exgrpo_pl.data import PromptDataModule
-from exgrpo_pl.engines import SamplingConfig, build_engine, check_engine
+from exgrpo_pl.engines import SamplingConfig, build_engine
 from exgrpo_pl.groups import RolloutPlan, assemble_groups, plan_rollouts
 from exgrpo_pl.lightning_internals import attached_trainer
 from exgrpo_pl.logging_steps import step_metrics, writes_step_metrics
 from exgrpo_pl.logprobs import DEFAULT_CHUNK_ELEMENTS
-from exgrpo_pl.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
 from exgrpo_pl.mixin import ReplayMixin
-from exgrpo_pl.models import DTYPES, completion_stop_ids, load_policy, load_tokenizer, lora_config
-from exgrpo_pl.resume import (
-    estimated_stepping_batches,
-    restore_rng_states,
-    resumable_fit_progress,
-    rng_states,
-    settle_resumed_step_count,
-    use_run_optimizer_options,
-    warn_changed_options,
-    warn_if_loader_not_restored,
-)
+from exgrpo_pl.models import completion_stop_ids, load_policy, load_tokenizer, lora_config
+from exgrpo_pl.module_evaluation import PassRateEvaluation
+from exgrpo_pl.module_options import check_options
+from exgrpo_pl.module_resume import ResumableModule
+from exgrpo_pl.resume import estimated_stepping_batches
 from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.rollout_memory import check_rollout_memory
-from exgrpo_pl.seeding import derive_seed
 from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
 from exgrpo_pl.update import NonFiniteGuard, policy_update
-from exgrpo_pl.validation import check_choice, check_number, check_numbers
 
 
-class ExGRPOModule(ReplayMixin, LightningModule):
+class ExGRPOModule(ReplayMixin, PassRateEvaluation, ResumableModule, LightningModule):
     """GRPO with manual optimization; ExGRPO when a `ReplayCallback` is attached.
 
     Args:
@@ -159,7 +150,7 @@ class ExGRPOModule(ReplayMixin, LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["reward_funcs"])
-        _validate(self.hparams)
+        check_options(self.hparams)
         self.automatic_optimization = False
         self.num_generations = num_generations
         reward_funcs = list(reward_funcs) if reward_funcs else [ArithmeticReward()]
@@ -316,136 +307,7 @@ class ExGRPOModule(ReplayMixin, LightningModule):
         metrics = step_metrics(rollouts, self.eos_token_ids, {**stats, **counters}, timings)
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollouts))
 
-    # -------------------------------------------------------------------------------- evaluation
-    def _pass_rate(self, batch: dict, batch_idx: int) -> Tensor:
-        """`[B * n]` 1.0 where a completion sampled at `val_temperature` is correct, n per prompt.
-
-        Validation samples from a generator of its own (forked from, and restored into, the global one), so
-        how often a run validates never changes what its training steps sample.
-        """
-        hp = self.hparams
-        temperature = hp.temperature if hp.val_temperature is None else hp.val_temperature
-        plan = plan_rollouts(batch, hp.val_num_generations)
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(derive_seed("validation", self.global_step, batch_idx))
-            rollouts, _ = self._collect(plan, temperature)
-        return rollouts.correct.float()
-
-    def _evaluate(self, batch: dict, batch_idx: int, metric: MeanMetric, name: str) -> None:
-        metric.update(self._pass_rate(batch, batch_idx))
-        self.log(name, metric, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(batch["prompt"]))
-
+    # ------------------------------------------- resuming (ResumableModule), evaluation (PassRateEvaluation)
     def on_train_start(self) -> None:
-        warn_if_loader_not_restored(self.trainer)
-        if self.trainer.ckpt_path is not None:  # a resumed run keeps its own options, these two included
-            scheduler = self.trainer.lr_scheduler_configs[0].scheduler
-            use_run_optimizer_options(
-                self.trainer.optimizers[0], scheduler, self.hparams.learning_rate, self.hparams.weight_decay
-            )
-        if getattr(self, "_resumed_at", None) == "epoch end":
-            settle_resumed_step_count(self.trainer)
-            self._resumed_at = None
-        # A resumed run measured its start already, and logged it at step 0.
-        if not self.hparams.validate_at_start or self.trainer.datamodule is None or self.global_step > 0:
-            return
-        # The later validations' own loaders (sharded across ranks, limit_val_batches applied): the same
-        # samples, each rank measuring its share, and the mean taken over all ranks.
-        val_loop = self.trainer.fit_loop.epoch_loop.val_loop
-        val_loop.setup_data()
-        loaders = self.trainer.val_dataloaders
-        if not loaders:  # no validation batches (limit_val_batches=0, an empty validation set)
-            return
-        start = MeanMetric().to(self.device)
-        for loader, limit in zip(CombinedLoader(loaders).flattened, val_loop.max_batches):
-            batches = itertools.islice(loader, None if math.isinf(limit) else int(limit))
-            for batch_idx, batch in enumerate(batches):
-                start.update(self._pass_rate(batch, batch_idx))
-        value = float(start.compute())
-        if self.logger is not None:
-            self.logger.log_metrics({"val/pass@1": value}, step=self.global_step)
-        rank_zero_info(f"val/pass@1 before training: {value:.3f}")
-
-    @override
-    def on_validation_start(self) -> None:
-        self.val_pass_at_1.set_dtype(torch.float32)
-
-    @override
-    def on_test_start(self) -> None:
-        self.test_pass_at_1.set_dtype(torch.float32)
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._evaluate(batch, batch_idx, self.val_pass_at_1, "val/pass@1")
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._evaluate(batch, batch_idx, self.test_pass_at_1, "test/pass@1")
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["token_counts"] = {
-            "num_tokens": self.num_tokens,
-            "generated_tokens": self.generated_tokens,
-            "nonfinite_steps": self.nonfinite.skipped,
-        }
-        # The sampling RNG of every rank (CPU and CUDA), so that a resumed run generates what the
-        # uninterrupted run would have.
-        checkpoint["sampling_rng"] = rng_states()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        counts = checkpoint.get("token_counts", {})
-        self.num_tokens = counts.get("num_tokens", 0)
-        self.generated_tokens = counts.get("generated_tokens", 0)
-        self.nonfinite.skipped = counts.get("nonfinite_steps", 0)
-        trainer = attached_trainer(self)  # None in load_from_checkpoint
-        if trainer is not None:
-            warn_changed_options(checkpoint, self, trainer.datamodule, trainer.ckpt_path)
-        # Lightning restores the loops after this hook; on_train_start settles what it then miscounts.
-        self._resumed_at = resumable_fit_progress(checkpoint)
-        states = checkpoint.get("sampling_rng")
-        if isinstance(states, dict):
-            restore_rng_states(states)
-        elif states is not None:  # a checkpoint from before per-rank states: rank 0's CPU state
-            torch.set_rng_state(states)
-
-
-_NUMBERS = {
-    "reward_timeout_seconds": dict(low=0, low_open=True, optional=True),
-    "num_generations": dict(low=2, integer=True),
-    "max_prompt_length": dict(low=1, integer=True),
-    "max_completion_length": dict(low=1, integer=True),
-    "temperature": dict(low=0, low_open=True),
-    "top_p": dict(low=0, high=1, low_open=True),
-    "epsilon": dict(low=0),
-    "epsilon_high": dict(low=0, optional=True),
-    "num_iterations": dict(low=1, integer=True),
-    "beta": dict(low=0),
-    "entropy_coef": dict(low=0),
-    "learning_rate": dict(low=0, high=1, low_open=True),  # AdamW moves each weight by up to lr a step
-    "weight_decay": dict(low=0),
-    "warmup_steps": dict(low=0, integer=True),
-    "max_grad_norm": dict(low=0),
-    "max_nonfinite_steps": dict(low=1, integer=True),
-    "micro_batch_size": dict(low=1, integer=True, optional=True),
-    "logit_chunk_elements": dict(low=1, integer=True),
-    "correct_threshold": dict(),
-    "shaping_beta": dict(low=0, low_open=True),
-    "is_truncation": dict(low=0, low_open=True),
-    "val_temperature": dict(low=0, optional=True),
-    "val_num_generations": dict(low=1, integer=True),
-}
-"""Every numeric option and its range; each must also be finite."""
-_CHOICES = {
-    "loss_type": LOSS_TYPES,
-    "scale_rewards": SCALE_REWARDS,
-    "off_policy_correction": OFF_POLICY_CORRECTIONS,
-    "dtype": tuple(DTYPES),
-}
-
-
-def _validate(hp) -> None:
-    """Reject impossible settings at construction, i.e. before any training starts."""
-    check_numbers("ExGRPOModule", hp, _NUMBERS)
-    for i, weight in enumerate(hp.reward_weights or []):
-        check_number("ExGRPOModule", f"reward_weights[{i}]", weight)
-    for name, allowed in _CHOICES.items():
-        check_choice("ExGRPOModule", name, hp[name], allowed)
-    check_engine(hp.rollout_engine, hp.rollout_engine_options)
+        self._resume_on_train_start()
+        self._validate_at_start()
