@@ -15,230 +15,29 @@ Call `exclude_questions` with the same ids on every rank; otherwise the ranks' s
 Resume: the training loader is a torchdata `StatefulDataLoader`; Lightning saves its state (the current
 pass's seed, number and order, and how many batches were taken) in each checkpoint and restores it, so a
 resumed run trains on exactly the batches the uninterrupted run would have, in every later epoch too.
-Iterating the loader begins its passes; nothing in it draws from torch's global generator.
+Iterating the loader begins its passes; nothing in it draws from torch's global generator. The sampler and
+the loader are in `exgrpo_pl.data.loaders`.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torch.utils.data import DataLoader
 
+from exgrpo_pl.data.loaders import ExcludingRandomSampler, ResumableLoader, RowDataset, collate_rows
 from exgrpo_pl.data.loading import check_answer_from, load_rows, split_rows
 from exgrpo_pl.data.synthetic import ArithmeticTask
 from exgrpo_pl.data.task import SyntheticTask
-from exgrpo_pl.seeding import derive_seed, split_seed
+from exgrpo_pl.seeding import derive_seed
 from exgrpo_pl.validation import check_number
 
-_FIXED_KEYS = ("id", "prompt", "answer", "domain")
-
-# torchdata 0.11 calls torch.set_vital on every loader it builds and torch warns that the call is deprecated:
-# a warning about torchdata's internals that a user can do nothing about, printed by every run.
-warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
-
-
-class _RowDataset(Dataset):
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.rows[index]
-
-
-def collate_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Turns rows into a batch: `prompt`, `answer`, `question_id` (`[B]` long), `domain` and other columns.
-
-    `domain` is present when any row has one; every other column is a list with None where a row lacks it.
-
-    Args:
-        rows: rows as `load_rows` or `ArithmeticTask` make them.
-    """
-    batch: dict[str, Any] = {
-        "prompt": [row["prompt"] for row in rows],
-        "answer": [row["answer"] for row in rows],
-        "question_id": torch.tensor([row["id"] for row in rows], dtype=torch.long),
-    }
-    if any("domain" in row for row in rows):
-        batch["domain"] = [row.get("domain") for row in rows]
-    extra = dict.fromkeys(key for row in rows for key in row if key not in _FIXED_KEYS)
-    for key in extra:
-        batch[key] = [row.get(key) for row in rows]
-    return batch
-
-
-class ExcludingRandomSampler(DistributedSampler):
-    """Shuffles the dataset indices of one pass (epoch), skipping the rows whose question id is excluded, and
-    shards the pass across ranks itself.
-
-    `begin_pass()` draws the order of pass `epoch` from a generator seeded by `split_seed(seed, epoch)`, with
-    the excluded set as it is then, and moves `epoch` on by one; iterating yields this rank's share of the
-    current pass, the same each time, so a resumed pass is the pass that was saved (`pass_state` /
-    `restore_pass`). Iterating before any pass begins one.
-
-    Every pass has the same length on every rank, `ceil(start_rows / num_replicas)`: the order is cut or
-    padded to `num_replicas` times that (once questions are retired, the freed slots repeat the first
-    remaining ones of the order), and rank r takes every `num_replicas`-th entry from r on.
-
-    It subclasses `DistributedSampler` only so that Lightning does not wrap it in a
-    `DistributedSamplerWrapper`, whose own shuffle and eager listing a resumed run could not restore.
-
-    Args:
-        question_ids: the question id of each dataset index.
-        excluded: the excluded question ids; kept by reference, so later additions are seen.
-        seed: seed of the shuffle.
-        num_replicas: ranks that share the data.
-        rank: this rank.
-        start_rows: active rows when the run started, which sets the length of every pass; None: the active
-            rows now.
-    """
-
-    def __init__(
-        self,
-        question_ids: Sequence[int],
-        excluded: Set[int],
-        seed: int = 0,
-        num_replicas: int = 1,
-        rank: int = 0,
-        start_rows: int | None = None,
-    ) -> None:
-        # DistributedSampler.__init__ is not called: it wants a dataset and a process group. The attributes
-        # that others read from a DistributedSampler are set here.
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is not in [0, num_replicas={num_replicas})")
-        self.question_ids = list(question_ids)
-        self.excluded = excluded
-        self.seed = seed
-        self.num_replicas, self.rank = num_replicas, rank
-        self.shuffle, self.drop_last = True, False
-        self.epoch = 0
-        self.start_rows = len(self._active()) if start_rows is None else start_rows
-        self.num_samples = math.ceil(self.start_rows / num_replicas)
-        self.total_size = self.num_samples * num_replicas
-        self.order: list[int] | None = None  # the current pass, before sharding
-        self.order_epoch = -1
-
-    def set_epoch(self, epoch: int) -> None:
-        """Ignored: the sampler counts its own passes. Lightning calls this before each epoch, but its count
-        runs one ahead after resuming from a checkpoint saved when `max_steps` stopped a run mid-epoch."""
-
-    def _active(self) -> list[int]:
-        return [index for index, qid in enumerate(self.question_ids) if qid not in self.excluded]
-
-    def begin_pass(self) -> None:
-        """Draws the order of pass `epoch` over the questions not excluded now."""
-        active = self._active()
-        if not active:
-            raise RuntimeError(
-                f"all {len(self.question_ids)} training questions are retired; nothing is left to train on"
-            )
-        generator = torch.Generator().manual_seed(split_seed(self.seed, self.epoch))
-        self.order = [active[i] for i in torch.randperm(len(active), generator=generator).tolist()]
-        self.order_epoch = self.epoch
-        self.epoch += 1
-
-    def _shard(self) -> list[int]:
-        repeats = math.ceil(self.total_size / len(self.order))
-        return (self.order * repeats)[: self.total_size][self.rank :: self.num_replicas]
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __iter__(self) -> Iterator[int]:
-        if self.order is None:
-            self.begin_pass()
-        return iter(self._shard())
-
-    def pass_state(self, finished: bool) -> dict[str, Any]:
-        """The current pass: its seed and epoch, and unless `finished` its order (`[n]` long tensor)."""
-        order = None if finished or self.order is None else torch.tensor(self.order, dtype=torch.long)
-        return {"seed": self.seed, "epoch": self.order_epoch, "order": order}
-
-    def restore_pass(self, state: dict[str, Any]) -> None:
-        """Makes the saved pass current (or, when it has no order, the next `begin_pass` draw the epoch after
-        it); the seed is the saved one, so the resumed run goes on with the same data order."""
-        self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"]) + 1
-        self.order = None if state["order"] is None else state["order"].tolist()
-        self.order_epoch = int(state["epoch"])
-
-
-class _ResumableLoader(StatefulDataLoader):
-    """A torchdata `StatefulDataLoader` over an `ExcludingRandomSampler` that begins a new pass of it when an
-    epoch's iteration starts, and saves the pass's order with the position in it.
-
-    Lightning saves the `state_dict` of a training loader that has one, with the loops, and loads it into
-    the new run's loader before iterating it. A pass whose epoch is over (every batch taken, or as many as
-    `epoch_batches()` says an epoch has: Lightning's `limit_train_batches`) is saved without position, so a
-    run resumed from its end begins the next pass, as the uninterrupted run does. An iteration started again
-    before it took a batch (Lightning does so on some resumes) goes over the same pass from the same place
-    instead of beginning another.
-
-    Args:
-        args: `StatefulDataLoader`'s.
-        epoch_batches: the most batches an epoch takes; None: no limit.
-        before_pass: called right before each new pass is drawn.
-        kwargs: `StatefulDataLoader`'s.
-    """
-
-    def __init__(
-        self,
-        *args: Any,
-        epoch_batches: Callable[[], float] | None = None,
-        before_pass: Callable[[], None] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.epoch_batches = epoch_batches
-        self.before_pass = before_pass
-        self._restored: dict[str, Any] | None = None  # the position loaded, until a batch is taken after it
-        self._taken_at_start = 0
-
-    def __iter__(self):
-        iterator = self._iterator
-        # `_num_yielded` counts the batches an iterator handed out (torch's DataLoader iterator).
-        untouched = iterator is not None and iterator._num_yielded == self._taken_at_start
-        if untouched and self._restored is not None:
-            super().load_state_dict(self._restored)
-        elif (iterator is not None and not untouched) or (iterator is None and self._restored is None):
-            self._restored = None
-            if self.before_pass is not None:
-                self.before_pass()
-            self.sampler.begin_pass()
-            left = len(self.sampler.order)
-            if left < min(self.batch_size, self.sampler.start_rows):  # a batch would hold a question twice
-                raise RuntimeError(
-                    f"only {left} of {len(self.sampler.question_ids)} training questions"
-                    f" are left (the others are retired), fewer than one batch of {self.batch_size}"
-                    "; nothing is left to train on"
-                )
-        iterator = super().__iter__()
-        self._taken_at_start = iterator._num_yielded
-        return iterator
-
-    def state_dict(self) -> dict[str, Any]:
-        """`{"pass": the sampler's pass, "loader": torchdata's state, None at the end of the pass}`."""
-        iterator = self._iterator
-        limit = self.epoch_batches() if self.epoch_batches is not None else math.inf
-        finished = iterator is None or iterator._num_yielded >= min(len(iterator), limit)
-        return {
-            "pass": self.sampler.pass_state(finished),
-            "loader": None if finished else super().state_dict(),
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores the pass, and the position in it when it was not finished."""
-        self.sampler.restore_pass(state_dict["pass"])
-        self._restored = state_dict["loader"]
-        super().load_state_dict(self._restored or {})
+# ExcludingRandomSampler and collate_rows (exgrpo_pl.data.loaders) are importable from here too.
+__all__ = ["ExcludingRandomSampler", "PromptDataModule", "collate_rows"]
 
 
 class PromptDataModule(L.LightningDataModule):
@@ -389,8 +188,8 @@ class PromptDataModule(L.LightningDataModule):
                 f" one training batch of batch_size={hp.batch_size} (drop_last=True): training would take no"
                 " step. Lower batch_size, add rows, lower val_fraction, or set drop_last=False."
             )
-        return _ResumableLoader(
-            _RowDataset(rows),
+        return ResumableLoader(
+            RowDataset(rows),
             batch_size=hp.batch_size,
             sampler=sampler,
             collate_fn=collate_rows,
@@ -444,7 +243,7 @@ class PromptDataModule(L.LightningDataModule):
         if not self._val_rows:
             return []
         return DataLoader(
-            _RowDataset(self._val_rows),
+            RowDataset(self._val_rows),
             batch_size=self.hparams.val_batch_size or self.hparams.batch_size,
             shuffle=False,
             collate_fn=collate_rows,
@@ -461,7 +260,7 @@ class PromptDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The retired question ids (a sorted list of ints) and the active rows when training began.
 
-        The training loader's pass and position are saved by Lightning with the loops (`_ResumableLoader`).
+        The training loader's pass and position are saved by Lightning with the loops (`ResumableLoader`).
         """
         return {"excluded_question_ids": sorted(self._excluded), "start_rows": self._start_rows}
 
