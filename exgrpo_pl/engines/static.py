@@ -10,7 +10,8 @@ finished flags into buffers that live in the bucket. On CUDA it is compiled with
 step is one CUDA-graph replay and the host only asks whether all rows are done every few steps.
 
 It samples with the policy's own parameters: nothing is copied, and an optimizer step that updates them in
-place is seen by the next call (a CUDA graph reads the parameters where they live).
+place is seen by the next call (a CUDA graph reads the parameters where they live). The buckets, their
+caches on the shared arena and their buffers are in `exgrpo_pl.engines.static_cache`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from collections.abc import Sequence
 import torch
 import transformers
 from torch import Tensor
-from transformers import StaticCache
 
 from exgrpo_pl.engines.base import Completions, SamplingConfig, generation_mode
+from exgrpo_pl.engines.static_cache import Bucket, bucket_size, check_buckets, kv_numel, meta_cache, place
 from exgrpo_pl.rollout import position_ids_from_mask
 
 ATTENTION_BACKENDS = ("sdpa", "eager")
@@ -36,135 +37,6 @@ ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 LENGTH_BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 """Default KV-cache lengths (prompt + budget rounded up, at most 1.5x): every decode step attends over the
 whole cache, so its padding costs reads as well as memory."""
-
-
-def bucket_size(n: int, buckets: tuple[int, ...]) -> int:
-    """The smallest bucket >= n; past the largest, the next multiple of the largest."""
-    for size in buckets:
-        if size >= n:
-            return size
-    return -(-n // buckets[-1]) * buckets[-1]
-
-
-def _check_buckets(name: str, buckets) -> tuple[int, ...]:
-    buckets = tuple(buckets)
-    if (
-        not buckets
-        or any(not isinstance(b, int) or b < 1 for b in buckets)
-        or list(buckets) != sorted(buckets)
-    ):
-        raise ValueError(f"{name}={buckets!r}: want a non-empty increasing tuple of positive ints")
-    return buckets
-
-
-def _mark_static(tensor: Tensor) -> None:
-    """Tell the compiler `tensor` keeps its address, so a CUDA graph reads it where it is.
-
-    Unguarded, as torch >= 2.9 does by default: older torch guards the tensor's identity by default (a
-    recompilation for every new bucket) and keeps guarded tensors alive until `torch._dynamo.reset()`.
-    """
-    torch._dynamo.mark_static_address(tensor, guard=False)
-
-
-def _meta_cache(config, rows: int, length: int, dtype: torch.dtype) -> StaticCache:
-    """A `StaticCache` of `rows` x `length` slots laid out on the meta device: shapes, no memory."""
-    text = config.get_text_config(decoder=True)
-    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    cache = StaticCache(config=config, max_cache_len=length)
-    cache.early_initialization(rows, heads, head_dim, dtype, torch.device("meta"))
-    return cache
-
-
-def _kv_numel(cache: StaticCache) -> int:
-    """Elements of every layer's keys and values."""
-    return sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers)
-
-
-def _place(cache: StaticCache, arena: Tensor) -> None:
-    """Make a meta-laid-out cache real: its keys and values become consecutive views of the flat `arena`.
-
-    Every bucket's cache starts at the arena's first element, so all buckets share one allocation, the size
-    of the largest; calls never overlap, and each zeroes its part first (`load`). A view keeps the arena's
-    address, so a CUDA graph recorded on it stays valid.
-    """
-    offset = 0
-    for layer in cache.layers:
-        for name in ("keys", "values"):
-            shape = getattr(layer, name).shape
-            view = arena[offset : offset + shape.numel()].view(shape)
-            offset += shape.numel()
-            setattr(layer, name, view)
-            _mark_static(view)
-        layer.device = arena.device
-        layer.cumulative_length = torch.zeros((), dtype=torch.long, device=arena.device)
-        _mark_static(layer.cumulative_length)
-        left = [key for key, value in vars(layer).items() if isinstance(value, Tensor) and value.is_meta]
-        if left:
-            raise ValueError(
-                f"rollout_engine='static' does not know the cache layer {type(layer).__name__} "
-                f"(state {left}); use rollout_engine='hf'"
-            )
-
-
-class _Bucket:
-    """What one generation shape keeps between calls: the KV cache and every buffer the compiled step touches.
-
-    The buffers are allocated once and marked as static addresses, so a CUDA graph recorded on them stays
-    valid; each call copies its inputs into them in place. The cache's keys and values are views of the
-    engine's arena (`_place`).
-    """
-
-    def __init__(self, cache: StaticCache, rows: int, length: int, device: torch.device) -> None:
-        self.rows, self.length = rows, length
-        self.cache = cache
-        self.attention_mask = torch.zeros(rows, length, dtype=torch.bool, device=device)  # [R, L]
-        self.tokens = torch.zeros(rows, length, dtype=torch.long, device=device)  # [R, L] completion columns
-        self.logps = torch.zeros(rows, length, dtype=torch.float32, device=device)  # [R, L]
-        self.last = torch.zeros(rows, 1, dtype=torch.long, device=device)  # [R, 1] token the next step feeds
-        self.position = torch.zeros(rows, 1, dtype=torch.long, device=device)  # [R, 1] its position id
-        self.slot = torch.zeros((), dtype=torch.long, device=device)  # the cache slot the next step writes
-        self.finished = torch.zeros(rows, dtype=torch.bool, device=device)  # [R] an EOS was written
-        self.step = torch.zeros((), dtype=torch.long, device=device)  # next completion column
-        self.temperature = torch.ones((), dtype=torch.float32, device=device)
-        self.top_p = torch.ones((), dtype=torch.float32, device=device)
-        self.pad = torch.zeros((), dtype=torch.long, device=device)
-        self.eos = torch.zeros(0, dtype=torch.long, device=device)  # [E]
-        for buffer in self._buffers():
-            _mark_static(buffer)
-
-    def _buffers(self) -> list[Tensor]:
-        return [
-            self.attention_mask, self.tokens, self.logps, self.last, self.position, self.slot, self.finished,
-            self.step, self.temperature, self.top_p, self.pad, self.eos,
-        ]  # fmt: skip
-
-    def load(self, prompt_mask: Tensor, sampling: SamplingConfig) -> None:
-        """Reset for a new call of `[R, P]` (padded) prompts.
-
-        The attention mask is exact: the prompt's own mask, then each cache slot marked valid by the step
-        that writes it (`_decode_step`). Slots not written yet are never attended to, whether or not the
-        attention kernel applies a causal rule to a one-token query (flash attention does not).
-        """
-        self.cache.reset()
-        width = prompt_mask.shape[1]
-        self.attention_mask.zero_()
-        self.attention_mask[:, :width].copy_(prompt_mask)
-        self.slot.fill_(width)
-        self.tokens.zero_()
-        self.logps.zero_()
-        self.position.copy_(prompt_mask.sum(1, keepdim=True))  # the first completion token's position
-        self.finished.zero_()
-        self.step.zero_()
-        self.temperature.fill_(max(sampling.temperature, 1e-6))
-        self.top_p.fill_(sampling.top_p)
-        self.pad.fill_(sampling.pad_token_id)
-        eos = torch.tensor(sampling.eos_token_ids, dtype=torch.long, device=self.eos.device)
-        if eos.shape != self.eos.shape:  # a new EOS count is a new graph input shape: recompiles once
-            self.eos = eos
-            _mark_static(self.eos)
-        else:
-            self.eos.copy_(eos)
 
 
 def _nucleus(logprobs: Tensor, top_p: Tensor) -> Tensor:
@@ -179,7 +51,7 @@ def _nucleus(logprobs: Tensor, top_p: Tensor) -> Tensor:
     return logprobs.masked_fill(dropped.scatter(-1, order, dropped), float("-inf"))
 
 
-def _pick(logits: Tensor, state: _Bucket, greedy: bool, nucleus: bool) -> None:
+def _pick(logits: Tensor, state: Bucket, greedy: bool, nucleus: bool) -> None:
     """Choose each row's next token from `[R, V]` float32 logits and write it into the bucket's buffers.
 
     A row that already wrote an EOS gets the pad token and log-prob 0. The log-prob is that of the token
@@ -208,7 +80,7 @@ def _pick(logits: Tensor, state: _Bucket, greedy: bool, nucleus: bool) -> None:
     state.step.add_(1)
 
 
-def _decode_step(model, state: _Bucket, greedy: bool, nucleus: bool) -> None:
+def _decode_step(model, state: Bucket, greedy: bool, nucleus: bool) -> None:
     """Feed each row's last token through the static cache and pick the next one (what gets compiled)."""
     state.attention_mask.index_fill_(1, state.slot.view(1), True)  # the slot this step writes
     state.slot.add_(1)
@@ -271,8 +143,8 @@ class StaticCacheEngine:
             raise ValueError(
                 f"max_buckets={max_buckets}, stop_check_interval={stop_check_interval}: want >= 1"
             )
-        self.row_buckets = _check_buckets("row_buckets", row_buckets)
-        self.length_buckets = _check_buckets("length_buckets", length_buckets)
+        self.row_buckets = check_buckets("row_buckets", row_buckets)
+        self.length_buckets = check_buckets("length_buckets", length_buckets)
         self.model = model
         _check_policy(self._base_model())
         self.compile = compile
@@ -281,7 +153,7 @@ class StaticCacheEngine:
         self.stop_check_interval = stop_check_interval
         self.allocations = 0
         """Buckets set up so far (a repeat shape reuses its bucket and sets up nothing)."""
-        self._buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
+        self._buckets: OrderedDict[tuple, Bucket] = OrderedDict()
         self._arena: Tensor | None = None  # [K] flat: every bucket's keys and values are views of it
         self._compiled = {}
 
@@ -309,13 +181,13 @@ class StaticCacheEngine:
             self._compiled[mode] = torch.compile(_decode_step, mode=mode, fullgraph=True, dynamic=False)
         return self._compiled[mode]
 
-    def _bucket(self, rows: int, length: int, device: torch.device, dtype: torch.dtype) -> _Bucket:
+    def _bucket(self, rows: int, length: int, device: torch.device, dtype: torch.dtype) -> Bucket:
         key = (rows, length, device, dtype)
         if key in self._buckets:
             self._buckets.move_to_end(key)
             return self._buckets[key]
-        cache = _meta_cache(self.model.config, rows, length, dtype)
-        needed = _kv_numel(cache)
+        cache = meta_cache(self.model.config, rows, length, dtype)
+        needed = kv_numel(cache)
         arena = self._arena
         if arena is None or arena.numel() < needed or arena.device != device or arena.dtype != dtype:
             self._buckets.clear()  # views of the arena being replaced
@@ -323,8 +195,8 @@ class StaticCacheEngine:
             self._arena = torch.zeros(needed, dtype=dtype, device=device)
         while len(self._buckets) >= self.max_buckets:
             self._buckets.popitem(last=False)
-        _place(cache, self._arena)
-        self._buckets[key] = _Bucket(cache, rows, length, device)
+        place(cache, self._arena)
+        self._buckets[key] = Bucket(cache, rows, length, device)
         self.allocations += 1
         return self._buckets[key]
 
@@ -355,7 +227,7 @@ class StaticCacheEngine:
                 mask = torch.ones_like(ids, dtype=torch.bool)
                 self._run(ids, mask, sampling, steps=min(4, sampling.max_new_tokens))
 
-    def _run(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig, steps: int) -> _Bucket:
+    def _run(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig, steps: int) -> Bucket:
         """Prefill and `steps` - 1 decode steps (fewer once every row is done) in the call's bucket."""
         parameter = next(self.model.parameters())
         device = parameter.device
@@ -398,7 +270,7 @@ class StaticCacheEngine:
         return state
 
     @staticmethod
-    def _completions(state: _Bucket, rows: int) -> Completions:
+    def _completions(state: Bucket, rows: int) -> Completions:
         """The first `rows` rows, cut to the longest completion (as `generate` stops when all are done)."""
         tokens = state.tokens[:rows, : int(state.step)]  # [N, S]
         is_eos = (tokens[..., None] == state.eos).any(-1)  # [N, S]

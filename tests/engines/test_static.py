@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from exgrpo_pl.data import ArithmeticTask
 from exgrpo_pl.engines import ENGINES, HFEngine, SamplingConfig, StaticCacheEngine, build_engine
-from exgrpo_pl.engines.static import _Bucket, _kv_numel, _meta_cache, _nucleus, _pick, _place, bucket_size
+from exgrpo_pl.engines.static import _nucleus, _pick
+from exgrpo_pl.engines.static_cache import Bucket, bucket_size, kv_numel, meta_cache, place
 from exgrpo_pl.models import load_policy, load_tokenizer
 from exgrpo_pl.rollout import completion_logps, completion_mask_from_ids
 
@@ -181,9 +182,9 @@ def test_lora_policy(embedded):
 def test_the_sampler_draws_from_softmax_over_temperature(tiny):
     """First tokens of 4096 rows on fixed logits: frequencies match softmax(logits / T) (and the cut)."""
     rows = 4096
-    cache = _meta_cache(tiny[0].config, rows, 4, torch.float32)
-    _place(cache, torch.zeros(_kv_numel(cache)))
-    state = _Bucket(cache, rows, 4, torch.device("cpu"))
+    cache = meta_cache(tiny[0].config, rows, 4, torch.float32)
+    place(cache, torch.zeros(kv_numel(cache)))
+    state = Bucket(cache, rows, 4, torch.device("cpu"))
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 3.0]).expand(rows, 5)
     for top_p, kept in ((1.0, 5), (0.8, 3)):  # 0.8: the two least likely (mass 0.10) go
         state.load(torch.ones(rows, 1, dtype=torch.bool), SamplingConfig(2, 1.5, top_p, PAD, (9,)))
