@@ -25,10 +25,13 @@ The parts live in `exgrpo_pl.rollout_plan` (`plan_rollouts`, `RolloutPlan`), `ex
 no Lightning and no model.
 """
 
-from exgrpo_pl.group_assembly import assemble_groups, replay_advantages
-from exgrpo_pl.group_forward import record_behaviour, replayed_token_loss
-from exgrpo_pl.group_sampling import SAMPLED, fresh_rollouts, sample_groups
+# In the order of a step, which the API page (docs/api/mixin.md) follows.
+# isort: off
 from exgrpo_pl.rollout_plan import RESERVED_KEYS, RolloutPlan, dataset_columns, plan_rollouts
+from exgrpo_pl.group_assembly import assemble_groups, replay_advantages
+from exgrpo_pl.group_sampling import SAMPLED, fresh_rollouts, sample_groups
+from exgrpo_pl.group_forward import record_behaviour, replayed_token_loss
+# isort: on
 
 __all__ = [
     "RESERVED_KEYS",
