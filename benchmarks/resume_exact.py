@@ -256,6 +256,26 @@ def code_version() -> str:
     return commit.strip() + ("+changes" if changed.strip() else "")
 
 
+def markdown_table(results: dict) -> str:
+    """The results file as docs/reliability.md shows it: per config, each case's outcome and the steps
+    (stopped or killed at -> resumed up to)."""
+    titles = {"mid": "mid-epoch stop", "kill": "SIGKILL", "end": "epoch end"}
+    configs = sorted({key.split("/")[0] for key in results})
+    lines = ["| config | " + " | ".join(titles.values()) + " | code |", "|---" * (len(titles) + 2) + "|"]
+    for config in configs:
+        cells, codes = [], set()
+        for case in titles:
+            r = results.get(f"{config}/{case}")
+            if r is None:
+                cells.append("not run")
+                continue
+            outcome = "bitwise" if r["exact"] else "differs"
+            cells.append(f"{outcome} ({r['resumed_from_step']} → {r['steps']})")
+            codes.add(r["code"])
+        lines.append(f"| {config} | " + " | ".join(cells) + f" | {', '.join(sorted(codes))} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -276,7 +296,9 @@ def main() -> None:
     out = RESULTS / "resume_exact.json"
     previous = json.loads(out.read_text()) if out.exists() else {}
     kept = {key: value for key, value in previous.items() if "/" in key}  # this benchmark's cases
-    out.write_text(json.dumps({**kept, **results}, indent=1))
+    merged = {**kept, **results}
+    out.write_text(json.dumps(merged, indent=1))
+    print(markdown_table(merged))
     print(f"wrote {out}")
 
 

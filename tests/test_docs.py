@@ -1,4 +1,5 @@
-"""The documentation pages' tables of results are the results files' (docs/learning.md from learning.json)."""
+"""The documentation pages' tables of results are the results files' (docs/learning.md from learning.json,
+docs/reliability.md from resume_exact.json)."""
 
 import json
 import sys
@@ -6,6 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import resume_exact  # noqa: E402
 from learning import markdown_table  # noqa: E402
 
 
@@ -18,3 +20,12 @@ def test_the_learning_page_shows_the_tables_of_the_results_file():
             f"docs/learning.md should show the {task} table of benchmarks/results/learning.json as "
             "benchmarks/learning.py prints it:\n" + table
         )
+
+
+def test_the_reliability_page_shows_the_resume_table_of_the_results_file():
+    results = json.loads((ROOT / "benchmarks" / "results" / "resume_exact.json").read_text())
+    table = resume_exact.markdown_table(results)
+    assert table in (ROOT / "docs" / "reliability.md").read_text(), (
+        "docs/reliability.md should show benchmarks/results/resume_exact.json as benchmarks/resume_exact.py "
+        "prints it:\n" + table
+    )
