@@ -1,8 +1,8 @@
 """The quickstart's wall time on this checkout against an earlier commit, side by side.
 
 Runs `exgrpo fit --config configs/quickstart.yaml` (or `--config`'s file) of each tree in turn (baseline,
-current, baseline, ...), each in a fresh process and a temporary folder, without progress bar or checkpoint, and reports the median
-wall time of each and their ratio. The baseline is the commit's files (`git archive`) run from source; the
+current, baseline, ...), each in a fresh process and a temporary folder, without progress bar or checkpoint,
+and reports the median wall time of each and their ratio. The baseline is the commit's files (`git archive`) run from source; the
 current tree is the installed `exgrpo_pl` (this checkout, `pip install -e .`). Both use this environment's
 packages, so the ratio is the code's. The config is each tree's own file of that name: give one whose
 settings both commits share (configs/exgrpo_seed.yaml has not changed since e09aa08; the quickstart has),
