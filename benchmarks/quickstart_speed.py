@@ -3,10 +3,10 @@
 Runs `exgrpo fit --config configs/quickstart.yaml` (or `--config`'s file) of each tree in turn (baseline,
 current, baseline, ...), each in a fresh process and a temporary folder, without progress bar or checkpoint,
 and reports the median wall time of each and their ratio. The baseline is the commit's files (`git archive`)
-run from source; the current tree is the installed `exgrpo_pl` (this checkout, `pip install -e .`). Both use this environment's
-packages, so the ratio is the code's. The config is each tree's own file of that name: give one whose
-settings both commits share (configs/exgrpo_seed.yaml has not changed since e09aa08; the quickstart has),
-or the ratio compares different runs. Writes benchmarks/results/quickstart_speed.json.
+run from source; the current tree is the installed `exgrpo_pl` (this checkout, `pip install -e .`). Both use
+this environment's packages, so the ratio is the code's. The config is each tree's own file of that name: give
+one whose settings both commits share (configs/exgrpo_seed.yaml has not changed since e09aa08; the quickstart
+has), or the ratio compares different runs. Writes benchmarks/results/quickstart_speed.json.
 
     # e09aa08: the commit before the rollout engines
     python benchmarks/quickstart_speed.py --baseline e09aa08 --config configs/exgrpo_seed.yaml
