@@ -15,7 +15,7 @@ allocates the optimizer state, and replays nothing: the buffer is filled just be
 - CUDA: torch.cuda.max_memory_allocated (and max_memory_reserved), reset at each phase.
 
 Phases: replay sampling and rescoring (`score_entropy`; the preset only), generation (and rewards), the
-update (`policy_update`: forwards, backwards, optimizer step). "step" is the whole training step. The
+update (`update_policy`: forwards, backwards, optimizer step). "step" is the whole training step. The
 rescoring call is also measured alone, on 64 and 1024 stored trajectories with the module's default
 rescoring micro-batch. "engine": one rollout call of the step's shape (questions x K rows, a 64-token prompt,
 the full budget) with the `hf` and the `static` engine (warmed up first, as before training): its peak, and
@@ -217,7 +217,6 @@ def _step(module, meter: Meter, spec: dict, preset: bool) -> dict:
     from exgrpo_pl.callbacks import ReplayCallback
     from lightning.pytorch import Callback, Trainer
 
-    import exgrpo_pl.module as module_file
     from exgrpo_pl.buffer import TrajectoryBuffer
     from exgrpo_pl.data import ArithmeticTask, PromptDataModule
     from exgrpo_pl.difficulty import DifficultyBucketer
@@ -262,7 +261,7 @@ def _step(module, meter: Meter, spec: dict, preset: bool) -> dict:
         return score_entropy(candidates, *args, **kwargs)
 
     module.score_entropy = measured("rescoring", counted_scoring, "generation")
-    module_file.policy_update = measured("update", module_file.policy_update, "after update")
+    module.update_policy = measured("update", module.update_policy, "after update")
     data = PromptDataModule(
         synthetic=ArithmeticTask(num_questions=256, seed=0), batch_size=work["questions"], val_fraction=0.0
     )

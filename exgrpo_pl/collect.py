@@ -1,16 +1,18 @@
 """RolloutCollector: prompts in, scored rollouts out (tokenize, sample with an engine, decode, reward).
 
-`ExGRPOModule` collects its training and validation rollouts with it; what is sampled comes from a
-`RolloutPlan` (`exgrpo_pl.groups`), and which engine samples is the module's choice.
+`ExGRPOModule` collects its training and validation rollouts with it: what is sampled is its step's plan
+(`exgrpo_pl.rollout_plan`: prompts, how many rollouts of each, their dataset columns), and which engine
+samples is the module's choice.
 
     collector = RolloutCollector(tokenizer, [ArithmeticReward()], max_prompt_length=64)
-    fresh, metrics = collector.collect(engine, plan, sampling, policy_version=step)
+    fresh, metrics = collector.collect(engine, sampling, prompts, question_ids, repeats=[8] * len(prompts))
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
@@ -18,7 +20,6 @@ from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
 from exgrpo_pl.engines import RolloutEngine, SamplingConfig
-from exgrpo_pl.groups import RolloutPlan
 from exgrpo_pl.rewards import compute_rewards
 
 # Prompts tokenized per call when checking a whole dataset's lengths.
@@ -124,21 +125,44 @@ class RolloutCollector:
     def collect(
         self,
         engine: RolloutEngine,
-        plan: RolloutPlan,
         sampling: SamplingConfig,
+        prompts: Sequence[str],
+        question_ids: Tensor,
+        repeats: Sequence[int],
+        columns: dict[str, list[Any]] | None = None,
+        *,
         policy_version: int = 0,
         device: torch.device | str = "cpu",
     ) -> tuple[RolloutBatch, dict[str, float]]:
-        """Sample `plan.repeats[i]` completions of `plan.prompts[i]` and score them.
+        """Sample `repeats[i]` completions of `prompts[i]` and score them.
+
+        Args:
+            engine: what samples.
+            sampling: budget, temperature, stop tokens.
+            prompts: the prompt strings.
+            question_ids: `[len(prompts)]` long.
+            repeats: completions per prompt.
+            columns: dataset columns per prompt, the reward functions' keyword arguments.
+            policy_version: the step whose policy samples (stored with each row).
+            device: where the rows go.
 
         Returns:
-            The rollouts (`group_size` 1, in `plan.expand` order; behaviour log-probs, entropy and advantages
-            0: the training forward computes the first two, with the numerics of the importance weights that
-            later divide by them) and step metrics: `timing/generation`,
-            `timing/reward`, `train/rewards/{name}/mean`, `generated_tokens`.
+            The rollouts (`group_size` 1; each prompt's rows next to each other, prompts in order;
+            behaviour log-probs, entropy and advantages 0: the training forward computes the first two, with
+            the numerics of the importance weights that later divide by them) and step metrics:
+            `timing/generation`, `timing/reward`, `train/rewards/{name}/mean`, `generated_tokens`.
         """
+
+        columns = columns or {}
+        for name, values in {"question_ids": question_ids, "repeats": repeats, **columns}.items():
+            if len(values) != len(prompts):
+                raise ValueError(f"collect: {name} has {len(values)} entries for {len(prompts)} prompts")
+
+        def per_row(values: Sequence[Any]) -> list[Any]:  # one entry per prompt -> one per rollout
+            return [value for value, times in zip(values, repeats) for _ in range(times)]
+
         prompt_ids, prompt_mask = pad_sequences(
-            plan.expand(self.encode(plan.prompts, plan.question_ids)),
+            per_row(self.encode(prompts, question_ids)),
             left=True,
             pad_value=self.tokenizer.pad_token_id,
         )
@@ -152,8 +176,8 @@ class RolloutCollector:
 
         started = time.perf_counter()
         completions = self.tokenizer.batch_decode(out.ids, skip_special_tokens=True)
-        row_prompts = plan.expand(plan.prompts)
-        row_columns = {key: plan.expand(values) for key, values in plan.columns.items()}
+        row_prompts = per_row(prompts)
+        row_columns = {key: per_row(values) for key, values in columns.items()}
         rewards, per_function = compute_rewards(
             self.reward_funcs, self.reward_weights, row_prompts, completions, row_columns,
             timeout_seconds=self.reward_timeout_seconds,
@@ -165,9 +189,9 @@ class RolloutCollector:
         n = prompt_ids.shape[0]
         rewards = rewards.to(device, torch.float32)
         zeros = torch.zeros(n, device=device)
-        question_ids = torch.tensor(plan.expand(plan.question_ids.tolist()), dtype=torch.long, device=device)
+        row_ids = torch.tensor(per_row(question_ids.tolist()), dtype=torch.long, device=device)
         return RolloutBatch(
-            question_ids=question_ids,
+            question_ids=row_ids,
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
             completion_ids=out.ids,

@@ -11,11 +11,13 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.losses import compute_importance_weights, masked_mean, token_entropy
+from exgrpo_pl.losses import compute_importance_weights, masked_mean, replayed_terms, token_entropy
 
 
 @torch.no_grad()
-def record_behaviour(rollouts: RolloutBatch, logps: Tensor, logits: Tensor) -> None:
+def record_behaviour(
+    rollouts: RolloutBatch, logps: Tensor, logits: Tensor, rows: slice = slice(None)
+) -> None:
     """Give the fresh rows the behaviour log-probs and entropy of the step's first forward (in place).
 
     Call it with the forward taken before any update on this batch: its log-probs are those of the policy
@@ -24,23 +26,24 @@ def record_behaviour(rollouts: RolloutBatch, logps: Tensor, logits: Tensor) -> N
 
     Args:
         rollouts: the step's rows (`sample_groups` / `assemble_groups`).
-        logps: `[N, C]` log-probs of the completion tokens from that forward.
-        logits: `[N, C, V]` the logits that predicted them, divided by the sampling temperature as the
-            sampler did; or `[N, C]` token entropies.
+        logps: `[n, C]` log-probs of the completion tokens from that forward.
+        logits: `[n, C, V]` the logits that predicted them, divided by the sampling temperature as the
+            sampler did; or `[n, C]` token entropies.
+        rows: the rows of `rollouts` the forward took, when it took a micro-batch (default: all N).
     """
-    mask = rollouts.completion_mask
+    mask = rollouts.completion_mask[rows]
     if logps.shape != mask.shape or logits.shape[:2] != mask.shape:
         raise ValueError(
-            f"record_behaviour: logps {list(logps.shape)} and logits {list(logits.shape)} must be [N, C] and "
-            f"[N, C, V] with [N, C] = completion_ids' {list(mask.shape)}"
+            f"record_behaviour: logps {list(logps.shape)} and logits {list(logits.shape)} must be [n, C] and "
+            f"[n, C, V] with [n, C] = completion_ids[rows]' {list(mask.shape)}"
         )
-    fresh = ~rollouts.replayed
+    fresh = ~rollouts.replayed[rows]
     if not bool(fresh.any()):
         return
-    scored = logps.detach().float().masked_fill(~mask, 0.0)  # [N, C]
-    rollouts.behaviour_logps = torch.where(fresh.unsqueeze(1), scored, rollouts.behaviour_logps)
-    entropy = token_entropy(logits.detach()) if logits.ndim == 3 else logits.detach().float()  # [N, C]
-    rollouts.entropy = torch.where(fresh, masked_mean(entropy, mask, dim=1), rollouts.entropy)
+    scored = logps.detach().float().masked_fill(~mask, 0.0)  # [n, C]
+    rollouts.behaviour_logps[rows] = torch.where(fresh.unsqueeze(1), scored, rollouts.behaviour_logps[rows])
+    entropy = token_entropy(logits.detach()) if logits.ndim == 3 else logits.detach().float()  # [n, C]
+    rollouts.entropy[rows] = torch.where(fresh, masked_mean(entropy, mask, dim=1), rollouts.entropy[rows])
 
 
 def replayed_token_loss(
@@ -51,31 +54,32 @@ def replayed_token_loss(
     shaping_beta: float = 0.1,
     truncation: float = 2.0,
     stats: dict[str, Tensor] | None = None,
+    rows: slice = slice(None),
 ) -> Tensor:
-    """`per_token` `[N, C]` with each replayed row's terms replaced by ExGRPO's -f(w) A.
+    """`per_token` `[n, C]` with each replayed row's terms replaced by ExGRPO's -f(w) A.
 
     A replayed row was sampled by an older policy, so the clipped ratio against this step's own log-probs
     says nothing about it; ExGRPO weights its tokens by f(w), w = pi_theta / pi_behaviour from the stored
-    behaviour log-probs, unclipped, as `compute_grpo_loss` does (`compute_importance_weights`: policy
-    shaping w / (w + beta) by default). Fresh rows keep their terms; without replayed rows `per_token` is
-    returned as it is.
+    behaviour log-probs, unclipped (`compute_importance_weights`: policy shaping w / (w + beta) by
+    default; `exgrpo_pl.losses.replayed_terms`, which `compute_grpo_loss` uses too). Fresh rows keep their
+    terms; without replayed rows `per_token` is returned as it is.
 
     Args:
-        per_token: `[N, C]` the module's per-token loss (e.g. the clipped surrogate).
-        logps: `[N, C]` current log-probs of the completion tokens, with grad.
+        per_token: `[n, C]` the module's per-token loss (e.g. the clipped surrogate).
+        logps: `[n, C]` current log-probs of the completion tokens, with grad.
         rollouts: the step's rows: `replayed`, `behaviour_logps`, `advantages`, `completion_mask`.
         correction: as for `compute_importance_weights`.
         shaping_beta: as for `compute_importance_weights`.
         truncation: as for `compute_importance_weights`.
         stats: when given and there are replayed rows, receives `is_weight`, the mean f(w) over their
             completion tokens (detached; `ExGRPOModule` logs the same as `train/is_weight`).
+        rows: the rows of `rollouts` that `per_token` and `logps` are of, for a micro-batch (default: all N).
     """
-    replayed = rollouts.replayed.unsqueeze(1)  # [N, 1]
+    replayed = rollouts.replayed[rows]
     if not bool(replayed.any()):
         return per_token
+    mask = rollouts.completion_mask[rows]
     weights = compute_importance_weights(
-        logps, rollouts.behaviour_logps, rollouts.completion_mask, correction, shaping_beta, truncation
-    )  # [N, C]
-    if stats is not None:
-        stats["is_weight"] = masked_mean(weights.detach(), rollouts.completion_mask & replayed)
-    return torch.where(replayed, -weights * rollouts.advantages.unsqueeze(1).to(weights.dtype), per_token)
+        logps, rollouts.behaviour_logps[rows], mask, correction, shaping_beta, truncation
+    )  # [n, C]
+    return replayed_terms(per_token, weights, rollouts.advantages[rows], replayed, mask, stats)

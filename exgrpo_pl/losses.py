@@ -101,6 +101,34 @@ def compute_importance_weights(
     return w * mask  # [N, L]
 
 
+def replayed_terms(
+    per_token: Tensor,
+    importance_weights: Tensor,
+    advantages: Tensor,
+    replayed: Tensor,
+    mask: Tensor,
+    stats: dict[str, Tensor] | None = None,
+) -> Tensor:
+    """`per_token` `[N, L]` with each replayed row's terms replaced by ExGRPO's -f(w) A.
+
+    The one place the replayed term is written: `compute_grpo_loss` and
+    `exgrpo_pl.groups.replayed_token_loss` (a module's own loss, `ReplayMixin.replay_loss`) both use it.
+
+    Args:
+        per_token: `[N, L]` the on-policy per-token loss.
+        importance_weights: `[N, L]` f(w) from `compute_importance_weights`, with grad.
+        advantages: `[N]`.
+        replayed: `[N]` bool, rows that came out of the buffer.
+        mask: `[N, L]` bool, the tokens the `is_weight` statistic averages over.
+        stats: receives `is_weight`, the mean f(w) over the replayed rows' masked tokens (detached).
+    """
+    off = replayed.unsqueeze(1)  # [N, 1]
+    if stats is not None:
+        stats["is_weight"] = masked_mean(importance_weights.detach(), mask & off)
+    adv = advantages.unsqueeze(1).to(importance_weights.dtype)  # [N, 1]
+    return torch.where(off, -importance_weights * adv, per_token)  # [N, L]
+
+
 @dataclass
 class LossNormaliser:
     """Denominators of the whole batch, so micro-batched losses add up to the full-batch loss exactly.
@@ -170,11 +198,9 @@ def compute_grpo_loss(
     if replayed is not None and bool(replayed.any()):
         if importance_weights is None:
             raise ValueError("compute_grpo_loss: replayed rows need importance_weights")
+        per_token = replayed_terms(per_token, importance_weights, advantages, replayed, mask, stats)
         off = replayed.unsqueeze(1)  # [N, 1]
-        per_token = torch.where(off, -importance_weights * adv, per_token)  # [N, L]
         is_clipped = is_clipped & ~off
-        off_mask = mask & off  # [N, L]
-        stats["is_weight"] = masked_mean(importance_weights.detach(), off_mask)
         on_mask = mask & ~off
     else:
         on_mask = mask

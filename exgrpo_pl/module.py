@@ -2,8 +2,10 @@
 
 Alone it trains plain GRPO: K rollouts per prompt, verifiable rewards, group advantages, a clipped policy
 gradient step. With `exgrpo_pl.callbacks.ReplayCallback` it trains ExGRPO: the callback puts replayed
-experience into the batch and the module mixes it in (`exgrpo_pl.groups`). Rollouts are sampled by a rollout
-engine (`exgrpo_pl.engines`) and scored by a `RolloutCollector` (`exgrpo_pl.collect`). Its options are
+experience into the batch and the module mixes it in (`exgrpo_pl.groups`). A step reads top to bottom in
+`training_step`: plan the rollouts (`exgrpo_pl.rollout_plan`), sample them with a rollout engine
+(`exgrpo_pl.engines`) and score them (`RolloutCollector`, `exgrpo_pl.collect`), assemble the groups
+(`exgrpo_pl.group_assembly`), update the policy (`PolicyUpdate`, `exgrpo_pl.update`). Its options are
 checked in `exgrpo_pl.module_options`, its validation and test in `exgrpo_pl.module_evaluation`
 (`PassRateEvaluation`), its checkpoint and resume hooks in `exgrpo_pl.module_resume` (`ResumableModule`).
 
@@ -41,10 +43,10 @@ from exgrpo_pl.resume import estimated_stepping_batches
 from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.rollout_memory import check_rollout_memory
 from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
-from exgrpo_pl.update import NonFiniteGuard, policy_update
+from exgrpo_pl.update import NonFiniteGuard, PolicyUpdate
 
 
-class ExGRPOModule(ReplayMixin, PassRateEvaluation, ResumableModule, LightningModule):
+class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModule, LightningModule):
     """GRPO with manual optimization; ExGRPO when a `ReplayCallback` is attached.
 
     Args:
@@ -239,7 +241,7 @@ class ExGRPOModule(ReplayMixin, PassRateEvaluation, ResumableModule, LightningMo
             metrics.update(collected)
         rollouts = assemble_groups(plan, fresh, self.hparams.scale_rewards).to(self.device)
         update_started = time.perf_counter()
-        stats = policy_update(self, rollouts, self.nonfinite)
+        stats = self.update_policy(rollouts)
         metrics["timing/forward_backward"] = time.perf_counter() - update_started
         if math.isfinite(stats["loss"]):
             self.num_tokens += int(rollouts.prompt_mask.sum() + rollouts.completion_mask.sum())
@@ -255,8 +257,10 @@ class ExGRPOModule(ReplayMixin, PassRateEvaluation, ResumableModule, LightningMo
         self._log_step(*self._step_record)
 
     def _collect(self, plan: RolloutPlan, temperature: float) -> tuple[RolloutBatch, dict[str, float]]:
-        sampling = self._sampling(temperature)
-        return self.collector.collect(self.engine, plan, sampling, self.global_step, self.device)
+        return self.collector.collect(
+            self.engine, self._sampling(temperature), plan.prompts, plan.question_ids, plan.repeats,
+            plan.columns, policy_version=self.global_step, device=self.device,
+        )  # fmt: skip
 
     def _sampling(self, temperature: float) -> SamplingConfig:
         hp = self.hparams

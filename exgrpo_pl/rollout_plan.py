@@ -42,10 +42,11 @@ class RolloutPlan:
     mode: str = "fresh"
     group_size: int = 1
 
-    @property
-    def num_rollouts(self) -> int:
-        """Completions to sample in all: one row of the fresh `RolloutBatch` each."""
-        return sum(self.repeats)
+    # Completions to sample in all: one row of the fresh `RolloutBatch` each.
+    num_rollouts: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_rollouts = sum(self.repeats)
 
     def expand(self, values: list[Any]) -> list[Any]:
         """Per-prompt values repeated into per-rollout rows (the order `assemble_groups` expects)."""

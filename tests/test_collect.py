@@ -8,7 +8,6 @@ import torch
 from exgrpo_pl.collect import RolloutCollector
 from exgrpo_pl.data import ARITHMETIC_ALPHABET
 from exgrpo_pl.engines import Completions, SamplingConfig
-from exgrpo_pl.groups import plan_rollouts
 from exgrpo_pl.models import build_char_tokenizer
 from exgrpo_pl.rewards import ArithmeticReward
 
@@ -42,11 +41,17 @@ def make_batch():
     return {"prompt": ["1+2=", "10+5="], "question_id": torch.tensor([4, 8]), "answer": ["3", "15"]}
 
 
-def test_collect_samples_each_prompt_its_repeats_and_scores_them_in_plan_order():
+def collect_twice_each(collector, engine, **kwargs):
+    batch = make_batch()
+    return collector.collect(
+        engine, SAMPLING, batch["prompt"], batch["question_id"], [2, 2], {"answer": batch["answer"]}, **kwargs
+    )
+
+
+def test_collect_samples_each_prompt_its_repeats_and_scores_them_in_order():
     collector = RolloutCollector(TOKENIZER, [ArithmeticReward()], max_prompt_length=8)
     engine = ScriptedEngine(["3", "4", "15", "15"])
-    plan = plan_rollouts(make_batch(), 2)
-    out, metrics = collector.collect(engine, plan, SAMPLING, policy_version=7)
+    out, metrics = collect_twice_each(collector, engine, policy_version=7)
     ((prompt_ids, prompt_mask),) = engine.seen
     assert prompt_ids.shape == (4, 5) and prompt_mask[:2].sum(1).tolist() == [4, 4]  # left-padded to "10+5="
     assert out.question_ids.tolist() == [4, 4, 8, 8]
@@ -56,6 +61,15 @@ def test_collect_samples_each_prompt_its_repeats_and_scores_them_in_plan_order()
     assert out.policy_version.tolist() == [7] * 4 and not out.replayed.any()
     assert metrics["generated_tokens"] == 2 + 2 + 3 + 3  # characters plus EOS
     assert metrics["train/rewards/arithmetic/mean"] == 0.75
+
+
+def test_collect_names_a_per_prompt_argument_of_the_wrong_length():
+    collector = RolloutCollector(TOKENIZER, [ArithmeticReward()], max_prompt_length=8)
+    prompts, ids = make_batch()["prompt"], make_batch()["question_id"]
+    with pytest.raises(ValueError, match="answer has 1 entries for 2 prompts"):
+        collector.collect(ScriptedEngine([]), SAMPLING, prompts, ids, [2, 2], {"answer": ["3"]})
+    with pytest.raises(ValueError, match="repeats has 3 entries for 2 prompts"):
+        collector.collect(ScriptedEngine([]), SAMPLING, prompts, ids, [2, 2, 2])
 
 
 def test_prompt_lengths_are_checked_for_a_whole_dataset_before_training():
@@ -90,9 +104,9 @@ def test_a_first_batch_mostly_clipped_warns_once_naming_the_stop_ids(clipped, wa
     engine = ClippingEngine(["3"] * 8, clipped)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        collector.collect(engine, plan_rollouts(make_batch(), 2), SAMPLING)
+        collect_twice_each(collector, engine)
         engine.clipped = [True] * 4
-        collector.collect(engine, plan_rollouts(make_batch(), 2), SAMPLING)  # not the first batch: silent
+        collect_twice_each(collector, engine)  # not the first batch: silent
     messages = [str(w.message) for w in caught if "without a stop token" in str(w.message)]
     if warns:
         assert len(messages) == 1

@@ -2,6 +2,7 @@
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -249,8 +250,33 @@ def test_record_behaviour_fills_fresh_rows_from_the_first_forward_and_keeps_repl
     assert out.behaviour_logps.tolist() == [[-1.0, -2.0], [-3.0, 0.0], [-0.5, -0.5]]  # padding 0, stored kept
     assert not out.behaviour_logps.requires_grad
     assert torch.allclose(out.entropy, torch.tensor([math.log(4), 0.0, 0.0]), atol=1e-6)  # row 2: stored 0
-    with pytest.raises(ValueError, match=r"logps \[3, 1\] and logits \[3, 2, 4\] must be \[N, C\]"):
+    with pytest.raises(ValueError, match=r"logps \[3, 1\] and logits \[3, 2, 4\] must be \[n, C\]"):
         record_behaviour(out, logps[:, :1], logits)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_micro_batches_record_and_weight_their_rows_as_the_whole_batch_does(size):
+    """`rows=`: what `ExGRPOModule`'s micro-batched update calls equals one call on all rows."""
+    g = torch.Generator().manual_seed(size)
+    whole = rows([0, 0, 1, 1], [1, 0, 1, 0], replayed=False)
+    whole.replayed = torch.tensor([False, True, False, True])
+    whole.advantages = torch.tensor([0.5, -0.5, 1.0, -1.0])
+    whole.completion_ids = torch.ones(4, 3, dtype=torch.long)
+    whole.completion_mask = torch.rand(4, 3, generator=g) > 0.3
+    whole.behaviour_logps = -torch.rand(4, 3, generator=g)
+    parts = replace(whole, behaviour_logps=whole.behaviour_logps.clone(), entropy=whole.entropy.clone())
+    logps, logits = -torch.rand(4, 3, generator=g), torch.randn(4, 3, 5, generator=g)
+    per_token = torch.randn(4, 3, generator=g)
+    record_behaviour(whole, logps, logits)
+    expected = replayed_token_loss(per_token, logps, whole)
+    pieces = []
+    for start in range(0, 4, size):
+        part = slice(start, start + size)
+        record_behaviour(parts, logps[part], logits[part], rows=part)
+        pieces.append(replayed_token_loss(per_token[part], logps[part], parts, rows=part))
+    assert torch.equal(parts.behaviour_logps, whole.behaviour_logps)
+    assert torch.equal(parts.entropy, whole.entropy)
+    assert torch.equal(torch.cat(pieces), expected)
 
 
 @settings(max_examples=50, deadline=None)

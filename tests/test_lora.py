@@ -11,7 +11,6 @@ from exgrpo_pl.models import load_policy
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.rewards import FormatReward
 from exgrpo_pl.rollout import completion_logps
-from exgrpo_pl.update import reference_logps
 
 pytest.importorskip("peft")
 
@@ -59,7 +58,7 @@ def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir, tmp_pa
         prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
         completion_mask=torch.ones_like(completion, dtype=torch.bool),
     )  # fmt: skip
-    reference = reference_logps(module, rollouts, slice(0, 2))
+    reference = module.reference_logps(rollouts, slice(0, 2))
     expected, _ = completion_logps(base, ids, mask, completion, rollouts.completion_mask)
     assert torch.allclose(reference, expected, atol=1e-5)
     trained, _ = completion_logps(module.policy, ids, mask, completion, rollouts.completion_mask)

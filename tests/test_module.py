@@ -1,5 +1,7 @@
 """ExGRPOModule: config validation, the update math end to end, and real Trainer runs on a tiny model."""
 
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -160,6 +162,61 @@ def test_swap_experience_trains_on_stored_rows_without_generating(tiny_model_dir
     assert len(trained) == 6 and bool(trained.replayed.all())
     assert trainer.logged_metrics["timing/generation"] == 0.0
     assert "train/is_weight" in trainer.logged_metrics
+
+
+class WalkOfAStep(Callback):
+    """Records (caller file, callee file) of every call between two package files during a training step."""
+
+    PACKAGE = Path(__file__).parents[1]
+
+    def __init__(self):
+        self.calls = []
+
+    def _file(self, frame):
+        path = Path(frame.f_code.co_filename)
+        inside = path.is_relative_to(self.PACKAGE / "exgrpo_pl") or path.is_relative_to(
+            self.PACKAGE / "callbacks"
+        )
+        return path.name if inside else None
+
+    def _profile(self, frame, event, arg):
+        if event == "call" and frame.f_back is not None:
+            caller, callee = self._file(frame.f_back), self._file(frame)
+            if caller and callee and caller != callee:
+                self.calls.append((caller, callee))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        sys.setprofile(self._profile)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        sys.setprofile(None)
+
+
+def test_a_training_step_reads_top_to_bottom_and_no_stage_calls_back_up(tiny_model_dir, tmp_path):
+    """plan -> collect -> groups -> update, each entered once from the module, none calling an earlier one."""
+    record, data = Record(), make_data()
+    trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[record], limit_val_batches=0)
+    trainer.fit(make_module(tiny_model_dir), datamodule=data)
+    stored = record.outputs[0]["rollouts"].select([0])
+    stored.replayed[:] = True
+
+    class InjectMix(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            batch["experience"] = Experience("mix", stored)
+
+    walk = WalkOfAStep()
+    trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[InjectMix(), walk, record], limit_val_batches=0)
+    trainer.fit(make_module(tiny_model_dir), datamodule=data)
+    assert bool(record.outputs[-1]["rollouts"].replayed.any())  # a mixed step, the longest way through
+    from_module = [callee for caller, callee in walk.calls if caller == "module.py"]
+    visits = [f for i, f in enumerate(from_module) if i == 0 or f != from_module[i - 1]]
+    # batch.py: the groups moved to the module's device (`RolloutBatch.to`)
+    assert visits == ["rollout_plan.py", "collect.py", "group_assembly.py", "batch.py", "update.py"]
+    stages = ["module.py", "rollout_plan.py", "collect.py", "group_assembly.py", "update.py"]
+    back = [
+        (a, b) for a, b in walk.calls if a in stages and b in stages and stages.index(b) < stages.index(a)
+    ]
+    assert back == []
 
 
 def overflowing_reward(prompts, completions, **columns):

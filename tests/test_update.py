@@ -12,7 +12,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.update import NonFiniteGuard, _clip_gradients
+from exgrpo_pl.update import NonFiniteGuard, PolicyUpdate
 
 
 def test_scaled_gradients_are_measured_and_clipped_as_unscaled():
@@ -28,7 +28,7 @@ def test_scaled_gradients_are_measured_and_clipped_as_unscaled():
             torch.nn.utils.clip_grad_norm_([weight], gradient_clip_val)
         ),
     )
-    assert _clip_gradients(module, None) == 5.0
+    assert PolicyUpdate._clip_gradients(module, None) == 5.0
     assert torch.allclose(weight.grad / 1024, torch.tensor([0.6, 0.8]))
 
 
