@@ -33,6 +33,7 @@ from exgrpo_pl.resume import (
     restore_rng_states,
     resumable_fit_progress,
     rng_states,
+    use_run_optimizer_options,
 )
 
 ROWS, BATCH, STEPS = 12, 4, 6  # 3 steps an epoch, fewer once questions are retired
@@ -335,3 +336,13 @@ def test_rng_states_round_trip_on_one_process():
     torch.manual_seed(4)
     restore_rng_states(states)
     assert torch.equal(torch.rand(4), expected)
+
+
+def test_a_run_learning_rate_reaches_what_the_schedule_reports():
+    """`use_run_optimizer_options` sets torch's private `LambdaLR._last_lr`: `get_last_lr()` must read it."""
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.AdamW([weight], lr=1.0, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)
+    use_run_optimizer_options(optimizer, scheduler, learning_rate=0.2, weight_decay=0.1)
+    assert scheduler.get_last_lr() == [0.1] and optimizer.param_groups[0]["lr"] == 0.1
+    assert optimizer.param_groups[0]["weight_decay"] == 0.1

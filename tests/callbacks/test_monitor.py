@@ -193,3 +193,19 @@ def test_heatmap_is_drawn_without_matplotlib_with_its_axes_described(
     assert [t.step for t in texts] == [first.step, last.step]
     assert texts[-1].tensor_proto.string_val[0].decode() == scale
     assert scale.startswith(f"{int(known.sum())} trajectories; entropy ")
+
+
+def test_an_image_with_a_description_reaches_the_event_file(tmp_path):
+    """`_add_image` writes through torch's private `SummaryWriter._get_file_writer()`, keeping the text."""
+    from exgrpo_pl.callbacks.monitor import _add_image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tmp_path)
+    _add_image(writer, "buckets", np.zeros((2, 3, 3), dtype=np.uint8), 7, "questions per bucket")
+    writer.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    (image,) = events.Images("buckets")
+    assert image.step == 7 and (image.width, image.height) == (3, 2)
+    assert events.SummaryMetadata("buckets").summary_description == "questions per bucket"

@@ -304,3 +304,13 @@ def test_split_rows_depends_on_ids_not_order():
     assert {r["id"] for r in train}.isdisjoint(r["id"] for r in val)
     with pytest.raises(ValueError, match="val_fraction"):
         split_rows(rows, 1.0)
+
+
+def test_the_loader_iterator_counts_what_it_yielded():
+    """`ResumableLoader` reads torchdata's private `_num_yielded` to know whether its pass is finished."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    iterator = iter(StatefulDataLoader(list(range(6)), batch_size=2))
+    assert iterator._num_yielded == 0
+    next(iterator), next(iterator)
+    assert iterator._num_yielded == 2 and len(iterator) == 3
