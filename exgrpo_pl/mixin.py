@@ -109,28 +109,35 @@ class ReplayMixin:
         """
         return getattr(self, "_unweighted_replayed_rows", 0)
 
-    def record_behaviour(self, rollouts: RolloutBatch, logps: Tensor, logits: Tensor) -> None:
+    def record_behaviour(
+        self, rollouts: RolloutBatch, logps: Tensor, logits: Tensor, rows: slice = slice(None)
+    ) -> None:
         """The fresh rows' behaviour log-probs and entropy from this batch's first forward (in place).
 
-        See `exgrpo_pl.groups.record_behaviour`: `logps` `[N, C]`, `logits` `[N, C, V]` (or token entropies
-        `[N, C]`) of the forward taken before any update on this batch.
+        See `exgrpo_pl.groups.record_behaviour`: `logps` `[n, C]`, `logits` `[n, C, V]` (or token entropies
+        `[n, C]`) of the forward taken before any update on this batch; `rows`, the rows of `rollouts` a
+        micro-batched forward took (default: all).
         """
-        record_behaviour(rollouts, logps, logits)
+        record_behaviour(rollouts, logps, logits, rows)
 
-    def replay_loss(self, per_token: Tensor, logps: Tensor, rollouts: RolloutBatch) -> Tensor:
-        """`per_token` `[N, C]` with the replayed rows' terms replaced by -f(w) A (ExGRPO's off-policy term).
+    def replay_loss(
+        self, per_token: Tensor, logps: Tensor, rollouts: RolloutBatch, rows: slice = slice(None)
+    ) -> Tensor:
+        """`per_token` `[n, C]` with the replayed rows' terms replaced by -f(w) A (ExGRPO's off-policy term).
 
         See `exgrpo_pl.groups.replayed_token_loss`; reads `hparams.off_policy_correction` ("shaping"),
         `hparams.shaping_beta` (0.1) and `hparams.is_truncation` (2.0) when the module has them. With
-        replayed rows it logs `train/is_weight`, their mean f(w), as `ExGRPOModule` does.
+        replayed rows it logs `train/is_weight`, their mean f(w), as `ExGRPOModule` does. `rows`: the rows of
+        `rollouts` that `per_token` and `logps` are of, for a micro-batch (default: all).
         """
         self._unweighted_replayed_rows = 0
         stats: dict[str, Tensor] = {}
         per_token = replayed_token_loss(
             per_token, logps, rollouts, self._replay_setting("off_policy_correction", "shaping"),
             self._replay_setting("shaping_beta", 0.1), self._replay_setting("is_truncation", 2.0), stats,
+            rows,
         )  # fmt: skip
         if stats and attached_trainer(self) is not None:
             is_weight = stats["is_weight"]
-            self.log("train/is_weight", is_weight, on_step=True, on_epoch=False, batch_size=len(rollouts))
+            self.log("train/is_weight", is_weight, on_step=True, on_epoch=False, batch_size=len(per_token))
         return per_token

@@ -95,3 +95,25 @@ def test_module_scores_are_the_functions_whatever_the_chunk(modules):
         assert torch.equal(module.score_entropy(candidates), expected)
     finally:
         del module.hparams.logit_chunk_elements
+
+
+def test_micro_batched_replay_steps_record_and_weight_each_slice_as_the_whole(modules):
+    """`rows=`: a step of your own that runs its forwards in micro-batches gets the whole-batch result."""
+    module, _ = modules[None]
+    g = torch.Generator().manual_seed(0)
+    whole = stored_rows(5, 16)
+    whole.replayed = torch.tensor([False, True, False, True, False])
+    whole.advantages, whole.entropy = torch.randn(5, generator=g), torch.zeros(5)
+    whole.behaviour_logps = -torch.rand(whole.completion_ids.shape, generator=g)
+    parts = RolloutBatch.cat([whole], group_size=1)  # a copy
+    logps = -torch.rand(whole.completion_ids.shape, generator=g)
+    entropies, per_token = torch.rand(logps.shape, generator=g), torch.randn(logps.shape, generator=g)
+    module.record_behaviour(whole, logps, entropies)
+    expected = module.replay_loss(per_token, logps, whole)
+    pieces = []
+    for part in (slice(0, 2), slice(2, 5)):
+        module.record_behaviour(parts, logps[part], entropies[part], rows=part)
+        pieces.append(module.replay_loss(per_token[part], logps[part], parts, rows=part))
+    assert torch.equal(parts.behaviour_logps, whole.behaviour_logps)
+    assert torch.equal(parts.entropy, whole.entropy)
+    assert torch.equal(torch.cat(pieces), expected)
