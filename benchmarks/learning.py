@@ -350,6 +350,8 @@ def report(results: dict, suffix: str) -> None:
                     f"{name}: completions of {_fmt(row['replayed_tokens'], '.2f')} tokens replayed, fresh"
                     f" correct ones {_fmt(row['fresh_correct_tokens'], '.2f')}"
                 )
+    print("\nthe presets, final val pass@1:\n")
+    print(presets_table(summary))
     RESULTS.mkdir(parents=True, exist_ok=True)
     record = {"summary": summary, "runs": _without_replay_records(results)}
     (RESULTS / f"learning{suffix}.json").write_text(json.dumps(record))
@@ -386,6 +388,32 @@ def markdown_table(rows: dict) -> str:
             name, row["seeds"], _fmt(row["final"]), vs_grpo, vs_full, _fmt(row["below_best_points"], ".1f"),
             _fmt(row["equal_tokens"]),
             "—" if paper is None else paper, replayed, most,
+        )  # fmt: skip
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+def presets_table(summary: dict) -> str:
+    """The shipped presets side by side, a row per task: each one's final val pass@1, and the recommended
+    preset paired with GRPO and measured against its own best (docs/learning.md's first table)."""
+    columns = (
+        "task", *PRESETS, "recommended vs GRPO, same seeds (points)",
+        "recommended: final below own best (points)",
+    )  # fmt: skip
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for task in (task for task in TASKS if task in summary):
+        rows = summary[task]["variants"]
+        if not all(name in rows for name in PRESETS):
+            continue
+        most = max(rows[name]["seeds"] for name in PRESETS)
+        finals = [
+            _fmt(row["final"]) + ("" if row["seeds"] == most else f" ({row['seeds']} of {most} seeds)")
+            for row in (rows[name] for name in PRESETS)
+        ]
+        recommended = rows["ExGRPO recommended"]
+        cells = (
+            task, *finals, _fmt(recommended["vs_grpo_points"], "+.1f"),
+            _fmt(recommended["below_best_points"], ".1f"),
         )  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)

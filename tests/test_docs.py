@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import resume_exact  # noqa: E402
-from learning import markdown_table  # noqa: E402
+from learning import markdown_table, presets_table  # noqa: E402
 
 
 def test_the_learning_page_shows_the_tables_of_the_results_file():
@@ -20,6 +20,8 @@ def test_the_learning_page_shows_the_tables_of_the_results_file():
             f"docs/learning.md should show the {task} table of benchmarks/results/learning.json as "
             "benchmarks/learning.py prints it:\n" + table
         )
+    presets = presets_table(summary)
+    assert presets in page, "docs/learning.md should show the presets table learning.py prints:\n" + presets
 
 
 def test_the_reliability_page_shows_the_resume_table_of_the_results_file():

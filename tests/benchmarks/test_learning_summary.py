@@ -10,7 +10,7 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import learning  # noqa: E402
 from exgrpo_pl.callbacks import ReplayCallback
-from learning import ROOT, VARIANTS, markdown_table, summarise  # noqa: E402
+from learning import ROOT, VARIANTS, markdown_table, presets_table, summarise  # noqa: E402
 
 from exgrpo_pl.cli import ExGRPOCLI
 from exgrpo_pl.data import PromptDataModule
@@ -67,6 +67,21 @@ def test_markdown_table_lists_variants_in_the_benchmarks_order_with_the_papers_n
         "| rho 0.25 | 1 | 0.550 ± 0.000 | +5.0 ± 0.0 | +3.0 ± 0.0 | 0.0 ± 0.0 | 0.550 ± 0.000 | 46.4, +1.1,"
         " -1.9 | 20 (10) | 2 |"
     )
+
+
+def test_the_presets_table_has_a_row_per_task_that_ran_every_preset():
+    presets = {
+        "GRPO": [make_run(0, 0.50), make_run(1, 0.60)],
+        "ExGRPO paper": [make_run(0, 0.40, 40)],
+        "ExGRPO seed": [make_run(0, 0.45, 40), make_run(1, 0.55, 40)],
+        "ExGRPO recommended": [make_run(0, 0.52, 20), make_run(1, 0.60, 20)],
+    }
+    partial = {name: presets[name] for name in ("GRPO", "ExGRPO paper")}
+    table = presets_table(summarise({"small_pool": presets, "arithmetic": partial})).splitlines()
+    assert len(table) == 3  # arithmetic lacks two presets: no row
+    assert table[2].startswith("| small_pool | 0.550 ± ")
+    assert "| 0.400 ± 0.000 (1 of 2 seeds) |" in table[2]  # fewer seeds than the others: said
+    assert table[2].endswith("| +1.0 ± 12.7 | 0.0 ± 0.0 |")  # +2 and 0 points, paired by seed
 
 
 def test_below_best_is_how_far_each_run_ended_under_its_own_best():
