@@ -110,7 +110,12 @@ VARIANTS = {
         _changed(bucketer=_BUFFER_ONLY, callback={"bounded_demand": True}),
         None,
     ),  # fmt: skip
-    "seed, retire from buffer": ("exgrpo_seed", _changed(bucketer=_BUFFER_ONLY), None),
+    # The seed preset retires from the buffer only (DifficultyBucketer's default); this is the paper's way.
+    "seed, retire from buffer and stream": (
+        "exgrpo_seed",
+        _changed(bucketer={"retire_from": "buffer_and_stream"}),
+        None,
+    ),  # fmt: skip
 }
 # The full method each preset's variants are compared with.
 FULL_METHOD = {"exgrpo_paper": "ExGRPO paper", "exgrpo_seed": "ExGRPO seed", "exgrpo": "ExGRPO recommended"}

@@ -66,7 +66,8 @@ class DifficultyBucketer:
     the stream is seen again only if something brings it back to the stream: `readmit_after_epochs`. The
     paper trains one or two passes over 46K questions, where dropping solved questions from the stream costs
     nothing; over many epochs of a small set it drains the pool (the stream ends up holding the hardest
-    questions only), which "buffer" or `readmit_after_epochs` avoid.
+    questions only), which the default, "buffer", avoids: the learning benchmark's small-pool task, 5 seeds,
+    is where that was measured (benchmarks/learning.py).
 
     Questions get a dense index in order of first appearance; the `dense_*` accessors expose per-question
     arrays in that order so the buffer can look rates up for 100K rows with one gather.
@@ -75,9 +76,9 @@ class DifficultyBucketer:
         metric: how difficulty is measured. Only "correctness_rate" (the fraction of correct rollouts).
         window_size: number of most recent outcomes per question that its rate is computed over, >= 1.
         correct_threshold: a rollout is correct when its reward is strictly greater than this.
-        retire_from: what a solved question leaves: "buffer_and_stream" (the paper's code), "buffer" (it
-            stays in the fresh stream, so its next group shows whether it is still solved), or None (solved
-            questions are never retired).
+        retire_from: what a solved question leaves: "buffer" (the default: it stays in the fresh stream, so
+            its next group shows whether it is still solved), "buffer_and_stream" (the paper's code,
+            `configs/exgrpo_paper.yaml`), or None (solved questions are never retired).
         readmit_after_epochs: with "buffer_and_stream", a retired question returns to the fresh stream this
             many epochs after the epoch that retired it (and retires again if its next group is solved);
             None keeps it out for good (the paper).
@@ -90,7 +91,7 @@ class DifficultyBucketer:
         metric: str = "correctness_rate",
         window_size: int = 100,
         correct_threshold: float = 0.5,
-        retire_from: str | None = "buffer_and_stream",
+        retire_from: str | None = "buffer",
         readmit_after_epochs: int | None = None,
         min_retire_group: int = 2,
     ) -> None:

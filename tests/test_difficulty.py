@@ -84,14 +84,14 @@ def test_out_of_stream_follows_retire_from():
 
 
 def test_readmit_after_epochs_counts_from_the_latest_solved_group():
-    b = DifficultyBucketer(readmit_after_epochs=2)
+    b = DifficultyBucketer(retire_from="buffer_and_stream", readmit_after_epochs=2)
     b.epoch = 3
     update(b, [1, 1], [1.0, 1.0])
     assert [b.out_of_stream(e) for e in (3, 4, 5, 6)] == [{1}, {1}, set(), set()]
     b.epoch = 5  # back in the stream at epoch 5 and solved again: out until epoch 7
     update(b, [1, 1], [1.0, 1.0])
     assert [b.out_of_stream(e) for e in (6, 7)] == [{1}, set()]
-    restored = DifficultyBucketer(readmit_after_epochs=2)
+    restored = DifficultyBucketer(retire_from="buffer_and_stream", readmit_after_epochs=2)
     restored.load_state_dict(b.state_dict())
     assert restored.epoch == 5 and restored.out_of_stream(6) == {1} and restored.out_of_stream(7) == set()
 

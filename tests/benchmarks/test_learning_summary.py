@@ -96,11 +96,11 @@ def test_a_variant_of_the_seed_preset_is_paired_with_the_seed_preset():
     runs = {
         "ExGRPO paper": [make_run(0, 0.40, 40)],
         "ExGRPO seed": [make_run(0, 0.50, 40)],
-        "seed, retire from buffer": [make_run(0, 0.53, 40)],
+        "seed, retire from buffer and stream": [make_run(0, 0.53, 40)],
         "paper, retire from buffer": [make_run(0, 0.46, 40)],
     }
     rows = summarise({"small_pool": runs})["small_pool"]["variants"]
-    assert rows["seed, retire from buffer"]["vs_full_points"][0] == pytest.approx(3.0)
+    assert rows["seed, retire from buffer and stream"]["vs_full_points"][0] == pytest.approx(3.0)
     assert rows["paper, retire from buffer"]["vs_full_points"][0] == pytest.approx(6.0)
 
 
@@ -146,7 +146,9 @@ def test_the_small_pool_task_is_the_reasoning_task_on_1000_training_questions():
 def test_the_retirement_and_demand_variants_change_what_they_say():
     callback = learning._replay_callback(_built("paper, retire from buffer, bounded demand"))
     assert callback.buffer.bucketer.retire_from == "buffer" and callback.bounded_demand
-    seed = learning._replay_callback(_built("seed, retire from buffer"))
+    seed = learning._replay_callback(_built("ExGRPO seed"))
     assert seed.buffer.bucketer.retire_from == "buffer" and seed.mode == "swap" and not seed.bounded_demand
+    paper_way = learning._replay_callback(_built("seed, retire from buffer and stream"))
+    assert paper_way.buffer.bucketer.retire_from == "buffer_and_stream" and paper_way.mode == "swap"
     paper = learning._replay_callback(_built("ExGRPO paper"))
     assert paper.buffer.bucketer.retire_from == "buffer_and_stream" and not paper.bounded_demand

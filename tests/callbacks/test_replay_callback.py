@@ -156,7 +156,7 @@ def test_each_rank_takes_its_own_saved_state_or_warns(monkeypatch, state, rank, 
 
 
 def test_retired_questions_leave_on_policy_sampling(tmp_path, tiny_model_dir):
-    buffer = TrajectoryBuffer(max_size=1000)
+    buffer = TrajectoryBuffer(max_size=1000, bucketer=DifficultyBucketer(retire_from="buffer_and_stream"))
     callback = ReplayCallback(buffer=buffer, replay=uniform_replay(replay_probability=0.0), min_buffer_size=1)
 
     def starts_with_one(prompts, completions, **columns):  # every rollout of these questions is "correct"
@@ -203,7 +203,8 @@ def _retiring_fit(tmp_path, tiny_model_dir, bucketer, max_epochs=2):
 
 def test_most_questions_out_of_the_stream_warns_once_with_the_options(tmp_path, tiny_model_dir):
     with pytest.warns(UserWarning, match=r"(\d+) of the (\d+) training questions are retired") as caught:
-        trainer, buffer, _ = _retiring_fit(tmp_path, tiny_model_dir, DifficultyBucketer())
+        bucketer = DifficultyBucketer(retire_from="buffer_and_stream")
+        trainer, buffer, _ = _retiring_fit(tmp_path, tiny_model_dir, bucketer)
     messages = [str(w.message) for w in caught if "training questions are retired" in str(w.message)]
     assert (
         len(messages) == 1 and "retire_from='buffer'" in messages[0] and "readmit_after_epochs" in messages[0]
@@ -223,7 +224,7 @@ def test_retire_from_buffer_keeps_solved_questions_in_the_stream(tmp_path, tiny_
 
 
 def test_readmitted_questions_return_to_the_stream(tmp_path, tiny_model_dir):
-    bucketer = DifficultyBucketer(readmit_after_epochs=2)
+    bucketer = DifficultyBucketer(retire_from="buffer_and_stream", readmit_after_epochs=2)
     trainer, buffer, rollouts = _retiring_fit(tmp_path, tiny_model_dir, bucketer, max_epochs=3)
     steps = len(rollouts) // 3
     epochs = [
