@@ -62,7 +62,7 @@ def train(
         mode=mode,
         min_buffer_size=1,
         replay=SelectiveReplay("uniform", replay_probability=0.5),
-        buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4)),
+        buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4, retire_from="buffer_and_stream")),
     )
     checkpoint = SafeModelCheckpoint(dirpath=root / "checkpoints", save_last="link", **checkpointing)
     trainer = Trainer(

@@ -194,7 +194,7 @@ def fit_resumable(root, model_dir, name, max_steps, ckpt_path=None):
         mode="swap",
         min_buffer_size=1,
         replay=SelectiveReplay(strategy="uniform", replay_probability=0.5),
-        buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4)),
+        buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4, retire_from="buffer_and_stream")),
     )
     module = tiny_module(model_dir, num_generations=2, max_completion_length=3)
     checkpoint = SafeModelCheckpoint(dirpath=root / "checkpoints", save_last="link")
