@@ -110,7 +110,7 @@ VARIANTS = {
         _changed(bucketer=_BUFFER_ONLY, callback={"bounded_demand": True}),
         None,
     ),  # fmt: skip
-    # The seed preset retires from the buffer only (DifficultyBucketer's default); this is the paper's way.
+    # The seed preset retires from the buffer only (the bucketer's default); this variant, the paper's way.
     "seed, retire from buffer and stream": (
         "exgrpo_seed",
         _changed(bucketer={"retire_from": "buffer_and_stream"}),
