@@ -189,7 +189,10 @@ def compare(straight: Path, resumed: Path) -> dict:
     replay = b["replay"]
     out["buffer_rows"] = len(replay["ranks"][0]["buffer"]["question_id"]) if replay else None
     out["replayed_steps"] = replay["ranks"][0]["replayed_steps"] if replay else None
-    out["retired"] = len(b.get("PromptDataModule", {}).get("excluded_question_ids", []))
+    # retired: questions the bucketer retired (rank 0), which leave the buffer; excluded_from_stream: the
+    # ones the data module also leaves out of its passes (`retire_from: buffer_and_stream` only)
+    out["retired"] = int(replay["ranks"][0]["buffer"]["bucketer"]["retired"].sum()) if replay else None
+    out["excluded_from_stream"] = len(b.get("PromptDataModule", {}).get("excluded_question_ids", []))
     out["exact"] = (
         all(out[name]["max_abs_diff"] == 0 for name in PARTS) and not (out["train_reward"]["steps_differing"])
     )
@@ -233,6 +236,7 @@ def run_config(name: str, cases: list[str], tmp: Path, steps: int, questions: in
                 f"{name:21s} {case:4s} {stop:3d} -> {horizon:3d}: exact={r['exact']}"
                 f"  weights {r['weights']['max_abs_diff']:.3g}  adam {r['adam_state']['max_abs_diff']:.3g}"
                 f"  buffer rows {r['buffer_rows']}  replayed {r['replayed_steps']}  retired {r['retired']}"
+                f"  excluded from stream {r['excluded_from_stream']}"
                 f"  reward steps differing {r['train_reward']['steps_differing']}",
                 flush=True,
             )
