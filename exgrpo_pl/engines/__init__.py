@@ -1,7 +1,5 @@
-"""Rollout engines: what samples the completions of a training step (see `exgrpo_pl.engines.base`).
-
-    engine = build_engine("hf", policy)
-    completions = engine.generate(prompt_ids, prompt_mask, SamplingConfig(...))
+"""Rollout engines: what samples the completions of a training step (see `exgrpo_pl.engines.base`):
+`build_engine("hf", policy).generate(prompt_ids, prompt_mask, SamplingConfig(...))` returns them.
 """
 
 from __future__ import annotations
