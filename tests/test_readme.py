@@ -40,17 +40,21 @@ def _kill_trials() -> str:
 
 
 def _learning_headline() -> str:
-    variants = results("learning.json")["summary"]["reasoning"]["variants"]
-    grpo, paper, ours = (variants[name] for name in ("GRPO", "ExGRPO paper", "ExGRPO recommended"))
+    summary = results("learning.json")["summary"]
 
     def versus(row: dict) -> str:
         difference, half_width = row["vs_grpo_points"]
         return f"{row['final'][0]:.3f} ({difference:+.1f} ± {half_width:.1f} points, {row['seeds']} seeds)"
 
-    return (
-        f"GRPO ends at {grpo['final'][0]:.3f} validation pass@1, the paper's preset at {versus(paper)} and "
-        f"the recommended preset at {versus(ours)}"
-    )
+    def task(name: str) -> str:
+        variants = summary[name]["variants"]
+        grpo, paper, ours = (variants[v] for v in ("GRPO", "ExGRPO paper", "ExGRPO recommended"))
+        return (
+            f"on the {name.replace('_', '-')} task GRPO ends at {grpo['final'][0]:.3f}, "
+            f"the paper's preset at {versus(paper)} and the recommended preset at {versus(ours)}"
+        )
+
+    return "; ".join(task(name) for name in ("reasoning", "arithmetic", "small_pool"))
 
 
 def _quickstart_seeds() -> str:
