@@ -6,8 +6,9 @@ weights), times on this machine's CPU, median of --repeats:
     the tensor-mask alternative `torch.isfinite(t).all()` it replaced;
   - saves: `save_atomically` (temp file beside the target, fsync, rename, fsync of the folder) and
     Lightning's `TorchCheckpointIO.save_checkpoint` (no fsync), into --dir;
-  - completeness check: `incomplete_reason` (what `ckpt_path="last"` runs on each candidate until one is
-    complete), against `torch.load(mmap=True, weights_only=True)` and a full `torch.load`.
+  - integrity check: `record_reason` (what a resume runs on its checkpoint, and `ckpt_path="last"` on each
+    candidate until one is intact: every record read and checked against its CRC-32), per GiB too, against
+    `torch.load(mmap=True, weights_only=True)` and a full `torch.load`.
 
     python benchmarks/checkpoint_cost.py
     python benchmarks/checkpoint_cost.py --sizes 5 --repeats 3
@@ -30,7 +31,8 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from transformers import LlamaForCausalLM
 
-from exgrpo_pl.checkpointing import check_finite, incomplete_reason, save_atomically
+from exgrpo_pl.checkpoint_integrity import record_reason
+from exgrpo_pl.checkpointing import check_finite, save_atomically
 from exgrpo_pl.models import tiny_llama_config
 
 RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
@@ -70,11 +72,13 @@ def measure(megaparams: int, directory: str, repeats: int) -> dict:
         "save_atomically_s": timed(lambda: save_atomically(checkpoint, path), repeats),
         "lightning_save_s": timed(lambda: lightning.save_checkpoint(checkpoint, lightning_path), repeats),
         "checkpoint_mb": os.path.getsize(path) / 2**20,
-        "completeness_check_s": timed(lambda: incomplete_reason(path), repeats),
+        "integrity_check_s": timed(lambda: record_reason(path), repeats),
         "mmap_weights_only_load_s": timed(lambda: torch.load(path, mmap=True, weights_only=True), repeats),
         "full_load_s": timed(lambda: torch.load(path, weights_only=True), repeats),
     }
     figures["finite_check_share_of_save"] = figures["finite_check_s"] / figures["save_atomically_s"]
+    figures["integrity_check_s_per_gib"] = figures["integrity_check_s"] / (figures["checkpoint_mb"] / 1024)
+    figures["integrity_check_share_of_load"] = figures["integrity_check_s"] / figures["full_load_s"]
     return figures
 
 
@@ -97,6 +101,8 @@ def main() -> None:
             if key.endswith("_s"):
                 print(f"  {key[:-2]:<26} {value * 1e3:9.2f} ms")
         print(f"  finite check / atomic save  {100 * figures['finite_check_share_of_save']:8.1f} %")
+        print(f"  integrity check per GiB     {figures['integrity_check_s_per_gib']:8.2f} s")
+        print(f"  integrity check / full load {100 * figures['integrity_check_share_of_load']:8.1f} %")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "checkpoint_cost.json").write_text(json.dumps(results, indent=1))
 

@@ -1,7 +1,13 @@
 """Whether a checkpoint may be written and whether it can be resumed from: finite weights on every rank
-(`check_finite`, `held_parameters`), a complete file or folder (`incomplete_reason`, `check_loadable`), and
-the newest complete checkpoint that `ckpt_path="last"` resumes from (`newest_complete_checkpoint`). Used by
-`exgrpo_pl.checkpointing`.
+(`check_finite`, `held_parameters`, `check_restored_finite`), a complete and intact file or folder
+(`incomplete_reason`, `check_loadable`), and the newest intact checkpoint that `ckpt_path="last"` resumes
+from (`newest_complete_checkpoint`). Used by `exgrpo_pl.checkpointing` and `ExGRPOModule`.
+
+A checkpoint file is a zip archive (`torch.save`) that holds a CRC-32 for every record: the pickle and each
+tensor's bytes. Every record is checked against its CRC before a resume, so a flipped bit on disk is an error
+naming the record instead of a run that trains on with a corrupt weight. A check reads the whole file once
+(`benchmarks/checkpoint_cost.py` gives its cost per GiB); a file already checked, unchanged since (same
+size and modification time), is not read again in the same process.
 """
 
 from __future__ import annotations
@@ -69,47 +75,86 @@ def check_finite(state_dict: dict[str, Any], path: Any) -> None:
 
 
 def incomplete_reason(path: str) -> str | None:
-    """Why `path` cannot be resumed from, or None when it is a complete checkpoint.
+    """Why `path` cannot be resumed from, or None when it is a complete, intact checkpoint.
 
-    A file is complete when its zip index (written last by `torch.save`) is there and its pickle record
-    passes its CRC: this reads the index and the pickle, never the tensors, whatever their size, and
-    unpickles nothing. A DeepSpeed checkpoint folder is complete once it holds `COMPLETE_MARKER`: DeepSpeed's
-    own `latest` file is written by rank 0 alone, before the barrier that waits for the other ranks' shards.
+    A file is intact when its zip index (written last by `torch.save`) is there and every record passes its
+    CRC-32: this reads the whole file and unpickles nothing. A DeepSpeed checkpoint folder is complete once
+    it holds `COMPLETE_MARKER` (DeepSpeed's own `latest` file is written by rank 0 alone, before the barrier
+    that waits for the other ranks' shards), and intact when every checkpoint file in it is.
 
     Args:
         path: a checkpoint file, link or folder.
     """
     if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
-            return None
-        return f"no {COMPLETE_MARKER} file in the folder: a rank may not have finished writing its shards"
+        if not os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
+            return f"no {COMPLETE_MARKER} file in the folder: a rank may not have finished writing its shards"
+        for root, _, names in sorted(os.walk(path)):
+            for name in sorted(n for n in names if n.endswith(".pt")):  # DeepSpeed's shard files
+                file = os.path.join(root, name)
+                reason = _file_reason(file)
+                if reason is not None:
+                    return f"{os.path.relpath(file, path)}: {reason}"
+        return None
+    return _file_reason(path)
+
+
+_INTACT: set[tuple[str, int, int]] = set()  # (real path, size, mtime) of the files found intact
+
+
+def _file_reason(path: str) -> str | None:
+    """`record_reason(path)`, remembering the files found intact until they change."""
+    try:
+        stat = os.stat(path)
+    except OSError as err:  # a dangling link, a missing file
+        return f"{type(err).__name__}: {err}"
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key in _INTACT:
+        return None
+    reason = record_reason(path)
+    if reason is None:
+        _INTACT.add(key)
+    return reason
+
+
+def record_reason(path: str) -> str | None:
+    """Why the checkpoint file `path` is not intact (not a complete zip, no pickle record, a record failing
+    its CRC-32), or None. Reads every record once; unpickles nothing.
+
+    Args:
+        path: a file written by `torch.save`.
+    """
     try:
         with zipfile.ZipFile(path) as archive:
-            pickles = [name for name in archive.namelist() if name.endswith("data.pkl")]
-            if not pickles:
+            if not any(name.endswith("data.pkl") for name in archive.namelist()):
                 return "no data.pkl record"
-            archive.read(pickles[0])
-    except Exception as err:  # empty, truncated, dangling link, bad CRC: all mean "cannot resume from this"
+            bad = archive.testzip()  # reads every record, checking each against its CRC-32
+    except Exception as err:  # missing, empty, truncated, not a zip: all mean "cannot resume from this"
         return f"{type(err).__name__}: {err}"
-    return None
+    if bad is None:
+        return None
+    return (
+        f"record {bad!r} fails its CRC-32 check: its bytes changed after it was written (disk or copy error)"
+    )
 
 
 def check_loadable(path: Any, option: str = "ckpt_path") -> None:
-    """Raises ValueError naming `option` and `path` when `path` is a local file that is not a complete
-    checkpoint (empty, truncated, not a zip), instead of torch's bare `EOFError` or zip error.
+    """Raises ValueError naming `option` and `path` when `path` is a local file or folder that is not a
+    complete, intact checkpoint (empty, truncated, corrupt, not a zip), instead of torch's bare `EOFError` or
+    zip error, or a run that trains on from corrupt weights.
 
     Args:
         path: the checkpoint given; URLs, "last" and other non-files are left to the loader.
         option: the option it came from, for the message.
     """
     local = local_path(path) if path is not None else None
-    if local is None or not os.path.isfile(local):
+    if local is None or not os.path.exists(local):
         return
     reason = incomplete_reason(local)
     if reason is not None:
         raise ValueError(
-            f"{option}={path}: not a complete checkpoint ({reason}); a save into it was cut short, or it is"
-            " not a checkpoint. Give another one, or `last`, which takes the newest complete checkpoint."
+            f"{option}={path}: not a complete, intact checkpoint ({reason}); a save into it was cut short,"
+            " it was damaged on disk, or it is not a checkpoint. Give another one, or `last`, which takes"
+            " the newest intact checkpoint."
         )
 
 
@@ -124,7 +169,7 @@ def _saved_at(path: str) -> int:
 
 
 def newest_complete_checkpoint(directories: list[str]) -> str | None:
-    """The newest complete `*.ckpt` in `directories`, warning about each newer one that is incomplete.
+    """The newest complete, intact `*.ckpt` in `directories`, warning about each newer one that is not.
 
     Args:
         directories: checkpoint directories; missing ones are skipped.
@@ -146,10 +191,38 @@ def newest_complete_checkpoint(directories: list[str]) -> str | None:
         reason = incomplete_reason(path)
         if reason is None:
             for bad, why in skipped:
-                rank_zero_warn(f'ckpt_path="last": skipping incomplete {bad} ({why}); using {path}')
+                rank_zero_warn(
+                    f'ckpt_path="last": skipping incomplete or corrupt {bad} ({why}); using {path}'
+                )
             return path
         skipped.append((path, reason))
     if skipped:
         listing = "; ".join(f"{bad} ({why})" for bad, why in skipped)
-        rank_zero_warn(f'ckpt_path="last": no complete checkpoint, so none is loaded. Incomplete: {listing}')
+        rank_zero_warn(
+            f'ckpt_path="last": no complete, intact checkpoint, so none is loaded. Skipped: {listing}'
+        )
     return None
+
+
+class NonFiniteWeightsError(ValueError):
+    """A resumed run's restored weights hold NaN or inf; no step was taken."""
+
+
+def check_restored_finite(trainer, module: torch.nn.Module) -> None:
+    """Raises `NonFiniteWeightsError` on every rank when the weights a run resumed with hold NaN or inf
+    on any rank, naming the checkpoint and (on the ranks that hold it) the first such parameter. Call
+    before the first training step of a resumed run.
+
+    Args:
+        trainer: the trainer, whose `ckpt_path` was restored.
+        module: the (possibly sharded) module.
+    """
+    weights = held_parameters(module)
+    name = first_non_finite(weights)
+    if trainer.strategy.reduce_boolean_decision(name is None, all=True):
+        return
+    where = f"parameter {name!r}" if name is not None else "another rank's parameters"
+    raise NonFiniteWeightsError(
+        f"The weights restored from {trainer.ckpt_path} hold NaN or inf ({where}); training from them would"
+        " only write more checkpoints like it. Resume from an earlier checkpoint."
+    )

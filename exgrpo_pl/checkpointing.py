@@ -40,8 +40,10 @@ from exgrpo_pl.atomic_writes import (
 )
 from exgrpo_pl.checkpoint_integrity import (
     NonFiniteCheckpointError,
+    NonFiniteWeightsError,
     check_finite,
     check_loadable,
+    check_restored_finite,
     first_non_finite,
     held_parameters,
     incomplete_reason,
@@ -54,11 +56,13 @@ __all__ = [
     "TEMP_NAME",
     "AtomicCheckpointIO",
     "NonFiniteCheckpointError",
+    "NonFiniteWeightsError",
     "OutOfSpaceError",
     "SafeModelCheckpoint",
     "UnsafeCheckpointError",
     "check_finite",
     "check_loadable",
+    "check_restored_finite",
     "first_non_finite",
     "held_parameters",
     "incomplete_reason",
@@ -112,28 +116,26 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
         Lightning loads a URL with `weights_only=False` unless told otherwise, which runs whatever code the
         file's pickle names; here `weights_only=None` means True everywhere (only an explicit False, given
-        to `Trainer.fit(weights_only=False)` for a trusted file, allows more). An incomplete file's error
-        names it and says what happened.
+        to `Trainer.fit(weights_only=False)` for a trusted file, allows more, and runs the code the file
+        names). A local file is checked first (`incomplete_reason`: complete, every record passing its
+        CRC-32), and an incomplete or corrupt one is an error naming it and the record.
         """
         weights_only = True if weights_only is None else weights_only
+        local = local_path(path)
+        reason = incomplete_reason(local) if local is not None and os.path.exists(local) else None
+        if reason is not None:
+            raise RuntimeError(
+                f"Checkpoint {path} cannot be resumed from ({reason}). Resume from another checkpoint, or"
+                ' with ckpt_path="last" and SafeModelCheckpoint, which skips incomplete and corrupt ones.'
+            )
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except FileNotFoundError:
-            raise
         except pickle.UnpicklingError as err:
             raise UnsafeCheckpointError(
                 f"Refusing to load checkpoint {path}: it holds objects other than tensors and primitive"
-                " containers, and unpickling them could run code. Load it with `weights_only=False` only if"
-                f" you trust its source. ({_unpickler_reason(err)})"
-            ) from err
-        except Exception as err:
-            local = local_path(path)
-            reason = incomplete_reason(local) if local is not None else None
-            if reason is None:
-                raise
-            raise RuntimeError(
-                f"Checkpoint {path} is incomplete ({reason}): a save into it was cut short. Resume from"
-                ' another checkpoint, or with ckpt_path="last" and SafeModelCheckpoint, which skips those.'
+                " containers, and unpickling them could run code. `weights_only=False` (`--weights_only"
+                " false`) unpickles them, running whatever code the file names: give it only for a file"
+                f" you made yourself or trust as you would a program. ({_unpickler_reason(err)})"
             ) from err
 
     def remove_checkpoint(self, path: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from exgrpo_pl.checkpoint_integrity import check_restored_finite
 from exgrpo_pl.lightning_internals import attached_trainer
 from exgrpo_pl.resume import (
     restore_rng_states,
@@ -25,8 +26,10 @@ class ResumableModule:
     """
 
     def _resume_on_train_start(self) -> None:
-        """The resumed run's own learning rate and weight decay, and the step count Lightning miscounts.
-        Call in `on_train_start`."""
+        """Finite restored weights, the resumed run's own learning rate and weight decay, and the step
+        count Lightning miscounts. Call in `on_train_start`."""
+        if self.trainer.ckpt_path is not None:
+            check_restored_finite(self.trainer, self)
         warn_if_loader_not_restored(self.trainer)
         if self.trainer.ckpt_path is not None:  # a resumed run keeps its own options, these two included
             scheduler = self.trainer.lr_scheduler_configs[0].scheduler

@@ -242,7 +242,7 @@ def test_last_skips_an_incomplete_checkpoint_for_the_newest_complete_one(tmp_pat
 
     resumed = SafeModelCheckpoint(directory, every_n_train_steps=1)
     with pytest.warns(
-        UserWarning, match=r"skipping incomplete .*step=3\.ckpt .*; using .*step=2\.ckpt"
+        UserWarning, match=r"skipping incomplete or corrupt .*step=3\.ckpt .*; using .*step=2\.ckpt"
     ) as warned:
         trainer = fit(tmp_path, tiny_model_dir, [resumed], "last", max_steps=4)
     assert trainer.ckpt_path == str(directory / "epoch=0-step=2.ckpt")
@@ -256,21 +256,23 @@ def test_last_without_any_complete_checkpoint_starts_fresh_and_says_why(tmp_path
     directory = tmp_path / "ckpts"
     directory.mkdir()
     (directory / "last.ckpt").write_bytes(b"")
-    with pytest.warns(UserWarning, match=r"no complete checkpoint.*last.ckpt \(BadZipFile"):
+    with pytest.warns(UserWarning, match=r"no complete, intact checkpoint.*last.ckpt \(BadZipFile"):
         trainer = fit(tmp_path, tiny_model_dir, [SafeModelCheckpoint(directory)], "last", max_steps=1)
     assert trainer.ckpt_path is None and trainer.global_step == 1
 
 
 def test_loading_an_incomplete_file_names_it(tmp_path):
     (tmp_path / "a.ckpt").write_bytes(b"PK\x03\x04 cut")
-    with pytest.raises(RuntimeError, match=r"a.ckpt is incomplete \(BadZipFile"):
+    with pytest.raises(RuntimeError, match=r"a.ckpt cannot be resumed from \(BadZipFile"):
         AtomicCheckpointIO().load_checkpoint(tmp_path / "a.ckpt")
 
 
 @pytest.mark.parametrize("content", [b"", b"PK\x03\x04 cut"], ids=["empty", "truncated"])
 def test_an_incomplete_ckpt_path_is_named_before_anything_runs(tmp_path, content):
     (tmp_path / "a.ckpt").write_bytes(content)
-    with pytest.raises(ValueError, match=r"--ckpt_path=.*a.ckpt: not a complete checkpoint \(BadZipFile"):
+    with pytest.raises(
+        ValueError, match=r"--ckpt_path=.*a.ckpt: not a complete, intact checkpoint \(BadZipFile"
+    ):
         main(["fit", "--ckpt_path", str(tmp_path / "a.ckpt"), f"--trainer.default_root_dir={tmp_path}"])
     check_loadable(tmp_path / "missing.ckpt")  # left to the loader, as are "last" and URLs
     check_loadable("last")
