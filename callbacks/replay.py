@@ -15,6 +15,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from exgrpo_pl.callbacks import replay_checks
+from exgrpo_pl.callbacks.collectives import (
+    all_ranks,
+    max_across_ranks,
+    object_group,
+    rank_and_world_size,
+    union_across_ranks,
+)
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
@@ -110,6 +118,7 @@ class ReplayCallback(Callback):
         self._rank_writes_own_file = False  # DeepSpeed ZeRO-3: see state_dict()
         self._retire_at_epoch_start = True  # setup() decides
         self._contract = StepChecker(mode)  # what the datamodule and training_step hand over, with the fix
+        replay_checks.check_options(self)
 
     # ------------------------------------------------------------------------------ decisions
     def replay_active(self, trainer: Trainer) -> bool:
@@ -124,6 +133,7 @@ class ReplayCallback(Callback):
                 f"ReplayCallback needs a module following exgrpo_pl.contract.ReplayableModule "
                 f"(num_generations, score_entropy and entropy_forwards); {type(pl_module).__name__} does not"
             )
+        replay_checks.check_trainer(self, trainer)
         self._rank_writes_own_file = zero_stage(trainer) == 3
         self.replay.follow_run_seed()
         # Retire right before each pass is drawn where the datamodule says when that is (PromptDataModule):
@@ -133,6 +143,14 @@ class ReplayCallback(Callback):
         self._retire_at_epoch_start = add_pass_hook is None
         if add_pass_hook is not None:
             add_pass_hook(self._exclude_retired)
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        replay_checks.warn_if_unreachable(self, trainer, pl_module.num_generations)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        replay_checks.warn_if_never_replayed(self, trainer)
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -145,7 +163,7 @@ class ReplayCallback(Callback):
         brought them back), on every rank alike."""
         exclude = getattr(datamodule, "exclude_questions", None) if datamodule else None
         epoch = datamodule.trainer.current_epoch if datamodule and datamodule.trainer else 0
-        out = _union_across_ranks(self.buffer.bucketer.out_of_stream(epoch))
+        out = union_across_ranks(self.buffer.bucketer.out_of_stream(epoch))
         if exclude is not None:
             exclude(out)
             self._warn_small_stream(len(out), len(getattr(datamodule, "train_rows", ())))
@@ -176,7 +194,7 @@ class ReplayCallback(Callback):
         if not self.replay_active(trainer) or not self.replay.should_replay():
             return
         size = self._demand(len(batch["prompt"]), pl_module.num_generations)
-        if not _all_ranks(trainer, len(self.buffer) >= self.min_buffer_size and size > 0):
+        if not all_ranks(trainer, len(self.buffer) >= self.min_buffer_size and size > 0):
             self.fallback_steps += 1
             return
         started = time.perf_counter()
@@ -187,7 +205,7 @@ class ReplayCallback(Callback):
         rescoring.join(experience)
         self.last_timings["timing/replay_rescore"] = rescoring.seconds
         self.last_timings["timing/replay_sample"] = time.perf_counter() - started - rescoring.seconds
-        if not _all_ranks(trainer, len(experience) > 0):
+        if not all_ranks(trainer, len(experience) > 0):
             self.fallback_steps += 1
             return
         batch["experience"] = Experience(self.mode, experience)
@@ -265,15 +283,20 @@ class ReplayCallback(Callback):
             "pass_rate_reached": self.pass_rate_reached,
             "fallback_steps": self.fallback_steps,
             "replayed_steps": self.replayed_steps,
+            "options": replay_checks.options(self),
         }
-        rank, world_size = _rank_and_world_size()
+        rank, world_size = rank_and_world_size()
         if self._rank_writes_own_file:
             return {"ranks": [own], "rank": rank, "world_size": world_size}
         if world_size > 1:
             ranks: list[Any] | None = [None] * world_size if rank == 0 else None
-            dist.gather_object(own, ranks, dst=0, group=_object_group())
+            dist.gather_object(own, ranks, dst=0, group=object_group())
             return {"ranks": ranks} if rank == 0 else {"ranks": [own], "rank": rank, "world_size": world_size}
         return {"ranks": [own]}
+
+    @override
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        replay_checks.warn_if_saved_without(self, checkpoint)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -296,7 +319,7 @@ class ReplayCallback(Callback):
         ranks = state_dict["ranks"]
         first = state_dict.get("rank", 0)
         saved_world_size = state_dict.get("world_size", len(ranks))
-        rank, world_size = _rank_and_world_size()
+        rank, world_size = rank_and_world_size()
         index = rank - first if first <= rank < first + len(ranks) else rank % len(ranks)
         if first + index != rank or saved_world_size != world_size:
             warnings.warn(
@@ -305,9 +328,11 @@ class ReplayCallback(Callback):
                 stacklevel=2,
             )
         own = ranks[index]
+        replay_checks.warn_changed(own.get("options"), replay_checks.options(self))
         self.buffer.load_state_dict(own["buffer"])
         self.replay.load_state_dict(own["replay"])
-        self.pass_rate_reached = own["pass_rate_reached"]
+        # A run resumed without the pass-rate trigger has no rate to wait for, whatever the saved run had.
+        self.pass_rate_reached = own["pass_rate_reached"] or self.start_pass_rate is None
         self.fallback_steps = own["fallback_steps"]
         self.replayed_steps = own["replayed_steps"]
 
@@ -336,7 +361,7 @@ class _Rescoring:
         started = time.perf_counter()
         with torch.no_grad():
             if self.synced:
-                forwards = _max_across_ranks(self.trainer, self.pl_module.entropy_forwards(candidates))
+                forwards = max_across_ranks(self.trainer, self.pl_module.entropy_forwards(candidates))
                 scores = self.pl_module.score_entropy(candidates, num_forwards=forwards)
             else:
                 scores = self.pl_module.score_entropy(candidates)
@@ -348,53 +373,3 @@ class _Rescoring:
         """Take part in the round (with no rows) if this rank's sample() never called `entropy_fn`."""
         if self.synced and not self.rounds:
             self(sampled.select(torch.zeros(0, dtype=torch.long)))
-
-
-def _max_across_ranks(trainer: Trainer, value: int) -> int:
-    """The largest `value` over all ranks."""
-    if trainer.world_size == 1:
-        return value
-    reduced = trainer.strategy.reduce(
-        torch.tensor(value, device=trainer.strategy.root_device), reduce_op="max"
-    )
-    return int(reduced)
-
-
-def _all_ranks(trainer: Trainer, flag: bool) -> bool:
-    """True when `flag` holds on every rank, so every rank takes the same branch."""
-    if trainer.world_size == 1:
-        return flag
-    agreed = trainer.strategy.reduce(
-        torch.tensor(float(flag), device=trainer.strategy.root_device), reduce_op="mean"
-    )
-    return bool(agreed >= 1.0)
-
-
-def _rank_and_world_size() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-_OBJECT_GROUPS: dict[Any, Any] = {}  # the default group -> its gloo twin, made once
-
-
-def _object_group():
-    """A gloo group of all ranks for gathering Python objects, which then stay in CPU memory.
-
-    Made on first use, which every rank reaches at the same collective (a checkpoint save, a pass's
-    retirement), and kept for the life of the default group.
-    """
-    world = dist.group.WORLD
-    if world not in _OBJECT_GROUPS:
-        _OBJECT_GROUPS.clear()
-        _OBJECT_GROUPS[world] = dist.new_group(backend="gloo")
-    return _OBJECT_GROUPS[world]
-
-
-def _union_across_ranks(ids) -> set[int]:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, sorted(ids), group=_object_group())
-        return {i for part in gathered for i in part}
-    return set(ids)

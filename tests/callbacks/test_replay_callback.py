@@ -143,7 +143,7 @@ def saved_states(*saved_ranks):
     ],
 )
 def test_each_rank_takes_its_own_saved_state_or_warns(monkeypatch, state, rank, world_size, takes, warns):
-    monkeypatch.setattr(replay_callback, "_rank_and_world_size", lambda: (rank, world_size))
+    monkeypatch.setattr(replay_callback, "rank_and_world_size", lambda: (rank, world_size))
     restored = ReplayCallback()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,0 +1,150 @@
+"""What `ReplayCallback` checks so that a replay that cannot happen is never silent.
+
+- Contradictions its options show (a `min_buffer_size` above the buffer's `max_size`, a `replay_start_epoch`
+  at or past the trainer's `max_epochs`) are errors before training (`check_options`, `check_trainer`).
+- Contradictions that depend on the data (fewer rollouts in the whole run, or fewer storable trajectories,
+  than `min_buffer_size`; `max_steps` ending the run before `replay_start_epoch`) are a warning when training
+  starts, naming the numbers (`warn_if_unreachable`).
+- A run whose replay phase began but that never replayed says so when training ends
+  (`warn_if_never_replayed`).
+- A resume with other replay options than the checkpoint's lists them, as the module does for its own
+  (`options`, `warn_changed`); a checkpoint saved without a `ReplayCallback` is said to start replay afresh.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+_PLAIN = (bool, int, float, str, type(None))
+# Not compared on resume: the sampler's seed only starts its generators, and a resume restores their state.
+_NOT_OPTIONS = {"self", "seed"}
+
+
+def check_options(callback) -> None:
+    """Raises ValueError when the callback's own options rule replay out, before any trainer exists."""
+    if callback.min_buffer_size > callback.buffer.max_size:
+        raise ValueError(
+            f"ReplayCallback min_buffer_size={callback.min_buffer_size}: must be <= the buffer's "
+            f"max_size={callback.buffer.max_size}, or replay can never start (the buffer never holds that"
+            " many)"
+        )
+
+
+def check_trainer(callback, trainer) -> None:
+    """Raises ValueError when the trainer's options rule replay out (call in `setup`)."""
+    start, max_epochs = callback.replay_start_epoch, trainer.max_epochs
+    if start is not None and max_epochs not in (None, -1) and start >= max_epochs:
+        raise ValueError(
+            f"ReplayCallback replay_start_epoch={start}: must be < trainer.max_epochs={max_epochs} (epochs"
+            f" count from 0), or replay can never start; the run would be plain GRPO"
+        )
+
+
+def _batches_left(trainer) -> tuple[float, float]:
+    """(training batches this run has left, of which the ones `max_steps` allows), either may be inf."""
+    per_epoch = trainer.num_training_batches
+    epochs = trainer.max_epochs
+    by_epochs = math.inf if epochs in (None, -1) else per_epoch * (epochs - trainer.current_epoch)
+    by_steps = math.inf
+    if trainer.max_steps not in (None, -1):
+        by_steps = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+    return min(by_epochs, by_steps), by_steps
+
+
+def warn_if_unreachable(callback, trainer, num_generations: int) -> None:
+    """Warns, naming the numbers, when this run's data and length cannot fill the buffer to
+    `min_buffer_size` or reach `replay_start_epoch` (call in `on_train_start`, once the loader is set up)."""
+    batches, by_steps = _batches_left(trainer)
+    per_epoch = trainer.num_training_batches
+    start = callback.replay_start_epoch
+    if start is not None and by_steps < math.inf and 0 < per_epoch < math.inf:
+        last_epoch = trainer.current_epoch + math.ceil(by_steps / per_epoch) - 1
+        if start > last_epoch:
+            rank_zero_warn(
+                f"ReplayCallback replay_start_epoch={start}, but trainer.max_steps={trainer.max_steps} ends"
+                f" this run in epoch {last_epoch} ({per_epoch} batches an epoch): replay can never start"
+            )
+    questions = _batch_size(trainer)
+    if questions is None or batches == math.inf:
+        return
+    rollouts = int(batches) * questions * num_generations
+    storable = len(callback.buffer) + rollouts
+    why = f"{int(batches)} batches x {questions} questions x {num_generations} generations = {rollouts}"
+    pool = len(getattr(trainer.datamodule, "train_rows", ()))
+    cap = callback.buffer.max_per_question
+    if pool and cap is not None and pool * cap < storable:
+        storable, why = pool * cap, f"{pool} training questions x max_per_question={cap}"
+    if storable < callback.min_buffer_size:
+        rank_zero_warn(
+            f"ReplayCallback min_buffer_size={callback.min_buffer_size} trajectories per rank, but this run"
+            f" can store at most {storable} on a rank ({why}, of which the buffer keeps only those its"
+            f" keep={callback.buffer.keep!r} admits): replay can never start. Lower min_buffer_size."
+        )
+
+
+def _batch_size(trainer) -> int | None:
+    """Questions per training batch on a rank, where the datamodule or the loader says."""
+    hparams = getattr(trainer.datamodule, "hparams", None)
+    if hparams is not None and isinstance(hparams.get("batch_size"), int):
+        return hparams["batch_size"]
+    return getattr(trainer.train_dataloader, "batch_size", None)
+
+
+def warn_if_never_replayed(callback, trainer) -> None:
+    """Warns when the replay phase began but no step replayed (call in `on_train_end`)."""
+    if not callback.replay_active(trainer) or callback.replayed_steps:
+        return
+    rank_zero_warn(
+        f"ReplayCallback: replay was active, but no step of this run replayed ({callback.fallback_steps}"
+        f" steps fell back to on-policy): the buffer holds {len(callback.buffer)} trajectories on this rank"
+        f" against min_buffer_size={callback.min_buffer_size}. The run was plain GRPO."
+    )
+
+
+def options(callback) -> dict[str, Any]:
+    """The callback's options and those of its buffer, bucketer and replay sampler, flat and primitive:
+    `{"mode": "mix", "buffer.max_size": 100000, "buffer.bucketer.window_size": 8, ...}`."""
+    found: dict[str, Any] = {}
+    for prefix, owner in (
+        ("", callback),
+        ("buffer.", callback.buffer),
+        ("buffer.bucketer.", callback.buffer.bucketer),
+        ("replay.", callback.replay),
+    ):
+        for name in inspect.signature(type(owner).__init__).parameters:
+            value = getattr(owner, name, None)
+            if isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value):
+                value = list(value)
+            if name not in _NOT_OPTIONS and hasattr(owner, name) and isinstance(value, (*_PLAIN, list)):
+                found[prefix + name] = value
+    return found
+
+
+def warn_changed(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
+    """Warns, listing them, when the replay options of this run differ from a checkpoint's (`options`);
+    a checkpoint from before options were saved (`saved` None) is not compared."""
+    if saved is None:
+        return
+    lines = [
+        f"{name}: {saved.get(name)!r} in the checkpoint, {value!r} in this run"
+        for name, value in current.items()
+        if saved.get(name) != value
+    ]
+    if lines:
+        rank_zero_warn(
+            f"Resuming: {len(lines)} ReplayCallback option(s) differ from the checkpoint's, and this run uses"
+            " its own values (so it does not continue the saved run exactly):\n  " + "\n  ".join(lines)
+        )
+
+
+def warn_if_saved_without(callback, checkpoint: dict) -> None:
+    """Warns when resuming from a checkpoint that holds no state of this callback."""
+    if callback.state_key not in checkpoint.get("callbacks", {}):
+        rank_zero_warn(
+            "Resuming with a ReplayCallback from a checkpoint saved without one: its buffer starts empty,"
+            " and replay's start conditions (replay_start_epoch, start_pass_rate) are judged afresh"
+        )

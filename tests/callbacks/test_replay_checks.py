@@ -1,0 +1,155 @@
+"""A replay that can never happen is never silent: contradictions of the options are errors before
+training, ones that depend on the data a warning at its start, a run that never replayed says so at its
+end, and a resume with other replay options lists them."""
+
+import pytest
+from conftest import tiny_module
+from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.callbacks.replay_checks import options
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from test_replay_callback import fit, uniform_replay
+
+from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.rewards import FormatReward
+
+
+@pytest.mark.parametrize("minimum, maximum", [(200_000, 100_000), (2, 1)])
+def test_a_minimum_above_the_buffer_size_is_an_error(minimum, maximum):
+    with pytest.raises(
+        ValueError, match=rf"min_buffer_size={minimum}: must be <= the buffer's max_size={maximum}"
+    ):
+        ReplayCallback(buffer=TrajectoryBuffer(max_size=maximum), min_buffer_size=minimum)
+
+
+class CountsSteps(Callback):
+    def __init__(self):
+        self.steps = 0
+
+    def on_train_batch_start(self, *args):
+        self.steps += 1
+
+
+@pytest.mark.parametrize("start, max_epochs", [(2, 2), (5, 2)])
+def test_a_start_epoch_past_the_last_epoch_stops_before_the_first_step(
+    tmp_path, tiny_model_dir, start, max_epochs
+):
+    callback, steps = ReplayCallback(replay_start_epoch=start, min_buffer_size=1), CountsSteps()
+    with pytest.raises(
+        ValueError, match=rf"replay_start_epoch={start}: must be < trainer.max_epochs={max_epochs}"
+    ):
+        fit(tmp_path, tiny_model_dir, [callback, steps], max_steps=-1, max_epochs=max_epochs)
+    assert steps.steps == 0
+
+
+def test_a_minimum_the_run_cannot_reach_warns_at_the_start_with_the_numbers(tmp_path, tiny_model_dir):
+    # 3 steps x 4 questions x 4 generations = 48 rollouts, fewer than the 100 asked for.
+    callback = ReplayCallback(replay=uniform_replay(), min_buffer_size=100)
+    with pytest.warns(
+        UserWarning, match=r"min_buffer_size=100 .* at most 48 on a rank \(3 batches x 4 questions x 4"
+    ):
+        fit(tmp_path, tiny_model_dir, [callback], max_steps=3)
+
+
+def test_a_per_question_cap_below_the_minimum_warns(tmp_path, tiny_model_dir):
+    # 64 questions, 10% held out: 58 training questions, each storing at most 2 trajectories.
+    buffer = TrajectoryBuffer(max_per_question=2)
+    callback = ReplayCallback(buffer=buffer, replay=uniform_replay(), min_buffer_size=500)
+    with pytest.warns(
+        UserWarning, match=r"at most 116 on a rank \(58 training questions x max_per_question=2"
+    ):
+        fit(tmp_path, tiny_model_dir, [callback], max_steps=200)
+
+
+def test_max_steps_ending_before_the_start_epoch_warns(tmp_path, tiny_model_dir):
+    callback = ReplayCallback(replay=uniform_replay(), replay_start_epoch=1, min_buffer_size=1)
+    with pytest.warns(
+        UserWarning, match=r"replay_start_epoch=1, but trainer.max_steps=4 ends this run in epoch 0"
+    ):
+        fit(tmp_path, tiny_model_dir, [callback], max_steps=4)
+
+
+def test_an_active_replay_that_never_replayed_says_so_at_the_end(tmp_path, tiny_model_dir):
+    # No completion is ever correct, and this buffer keeps correct trajectories only.
+    buffer, never = TrajectoryBuffer(keep="correct"), FormatReward("x{99}")
+    callback = ReplayCallback(buffer=buffer, replay=uniform_replay(), min_buffer_size=1)
+    with pytest.warns(
+        UserWarning, match=r"replay was active, but no step of this run replayed \(4 steps fell back"
+    ):
+        trainer, _ = fit(tmp_path, tiny_model_dir, [callback], max_steps=4, reward=never)
+    assert trainer.logged_metrics["replay/replayed_steps"] == 0 and len(buffer) == 0
+
+
+def test_a_run_that_replayed_warns_nothing_at_its_end(tmp_path, tiny_model_dir, recwarn):
+    fit(tmp_path, tiny_model_dir, [ReplayCallback(replay=uniform_replay(), min_buffer_size=1)])
+    assert not [w for w in recwarn if "ReplayCallback" in str(w.message)]
+
+
+def test_options_flatten_the_callback_and_its_parts():
+    callback = ReplayCallback(
+        buffer=TrajectoryBuffer(max_size=50, bucketer=DifficultyBucketer(window_size=8)),
+        mode="mix",
+        min_buffer_size=1,
+    )
+    found = options(callback)
+    assert found["mode"] == "mix" and found["buffer.max_size"] == 50
+    assert found["buffer.bucketer.window_size"] == 8 and found["replay.replay_probability"] == 0.3
+    assert found["buffer.entropy_percentiles"] == [25.0, 50.0, 75.0]
+    assert "buffer" not in found and "buffer.bucketer" not in found  # objects are flattened, not kept
+    assert "replay.seed" not in found  # the resumed sampler continues its saved generators whatever it is
+
+
+def resume(tmp_path, model_dir, callbacks, checkpoint):
+    seed_everything(0)
+    trainer = Trainer(
+        max_steps=3, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, default_root_dir=tmp_path, callbacks=callbacks, enable_checkpointing=False,
+    )  # fmt: skip
+    data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
+    trainer.fit(tiny_module(model_dir), datamodule=data, ckpt_path=checkpoint)
+
+
+@pytest.fixture
+def saved(tmp_path, tiny_model_dir):
+    """A checkpoint of step 2 of a swap-mode run whose pass-rate trigger never fired, and one of a run
+    without replay."""
+    for name, callbacks in [
+        ("replay", [ReplayCallback(replay=uniform_replay(), min_buffer_size=1, start_pass_rate=1.0)]),
+        ("grpo", []),
+    ]:
+        checkpoint = ModelCheckpoint(dirpath=tmp_path / name, save_last=True)
+        fit(tmp_path, tiny_model_dir, [*callbacks, checkpoint], max_steps=2, enable_checkpointing=True)
+    return tmp_path / "replay" / "last.ckpt", tmp_path / "grpo" / "last.ckpt"
+
+
+def test_resuming_with_other_replay_options_lists_them(saved, tmp_path, tiny_model_dir):
+    changed = ReplayCallback(
+        buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=7)),
+        replay=uniform_replay(),
+        mode="mix",
+        min_buffer_size=1,
+        bounded_demand=True,
+    )
+    with pytest.warns(UserWarning, match=r"4 ReplayCallback option\(s\) differ") as caught:
+        resume(tmp_path, tiny_model_dir, [changed], saved[0])
+    assert changed.replayed_steps == 1  # no pass-rate trigger in this run: step 3 replays
+    (message,) = [str(w.message) for w in caught if "ReplayCallback option" in str(w.message)]
+    assert "mode: 'swap' in the checkpoint, 'mix' in this run" in message
+    assert "bounded_demand: False in the checkpoint, True in this run" in message
+    assert "buffer.bucketer.window_size: 100 in the checkpoint, 7 in this run" in message
+    assert "start_pass_rate: 1.0 in the checkpoint, None in this run" in message
+
+
+def test_resuming_with_the_same_replay_options_warns_nothing(saved, tmp_path, tiny_model_dir, recwarn):
+    same = ReplayCallback(replay=uniform_replay(), min_buffer_size=1, start_pass_rate=1.0)
+    resume(tmp_path, tiny_model_dir, [same], saved[0])
+    assert not [w for w in recwarn if "ReplayCallback" in str(w.message)]
+
+
+def test_adding_a_replay_callback_to_a_checkpoint_without_one_warns(saved, tmp_path, tiny_model_dir):
+    with pytest.warns(UserWarning, match="from a checkpoint saved without one: its buffer starts empty"):
+        resume(
+            tmp_path, tiny_model_dir, [ReplayCallback(replay=uniform_replay(), min_buffer_size=1)], saved[1]
+        )
