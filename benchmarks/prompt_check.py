@@ -1,4 +1,4 @@
-"""What finding over-long prompts before training costs: `RolloutCollector.check_prompt_lengths` on a 46K-row
+"""What finding over-long prompts before training costs: `RolloutCollector.check_prompts` on a 46K-row
 dataset (the size of OpenR1-Math's default split), with a byte-level BPE tokenizer trained here on the same
 text (no hub: real models' tokenizers are fast BPE tokenizers like it).
 
@@ -62,7 +62,7 @@ def main() -> None:
         seconds = []
         for _ in range(args.repeats):
             started = time.perf_counter()
-            collector.check_prompt_lengths(rows, "training data")
+            collector.check_prompts(rows, "training data")
             seconds.append(time.perf_counter() - started)
         results[name] = {"rows": args.rows, "seconds": seconds, "median": statistics.median(seconds)}
         print(f"{name:24s} {args.rows} rows: {statistics.median(seconds):.2f} s "

@@ -22,7 +22,7 @@ from exgrpo_pl.batch import RolloutBatch, pad_sequences
 from exgrpo_pl.engines import RolloutEngine, SamplingConfig
 from exgrpo_pl.rewards import compute_rewards
 
-# Prompts tokenized per call when checking a whole dataset's lengths.
+# Prompts tokenized per call when checking a whole dataset's prompts.
 _CHECK_CHUNK = 4096
 
 
@@ -83,21 +83,58 @@ class RolloutCollector:
             rows.append(torch.tensor(ids, dtype=torch.long))
         return rows
 
-    def check_prompt_lengths(self, rows: Sequence[dict], source: str) -> None:
-        """Raise before training if a dataset row's prompt is longer than `max_prompt_length` tokens.
+    def check_prompts(
+        self, rows: Sequence[dict], source: str, locate: Callable[[dict], str] | None = None
+    ) -> None:
+        """Raise before training if a dataset row's prompt holds characters the tokenizer cannot encode, or
+        is longer than `max_prompt_length` tokens (unless `truncate_prompts`).
 
         Args:
             rows: dataset rows with "id" and "prompt".
             source: what the rows are, for the message (e.g. "training data").
+            locate: where a row comes from (file and row), for the message; None names `source` only.
         """
-        if self.truncate_prompts:
-            return
         for start in range(0, len(rows), _CHECK_CHUNK):
             chunk = rows[start : start + _CHECK_CHUNK]
-            lengths = [len(ids) for ids in self._token_ids([row["prompt"] for row in chunk])]
-            for row, length in zip(chunk, lengths):
-                if length > self.max_prompt_length:
-                    raise ValueError(f"{source}: " + self._too_long(row["id"], length, row["prompt"]))
+            try:
+                token_ids = self._token_ids([row["prompt"] for row in chunk])
+            except Exception:  # a tokenizer without an unknown token refuses what it cannot read
+                for row in chunk:
+                    self._check_encodable(row, locate(row) if locate else source)
+                raise  # no single row fails alone: the tokenizer's own error is all there is to say
+            if self.truncate_prompts:
+                continue
+            for row, ids in zip(chunk, token_ids):
+                if len(ids) > self.max_prompt_length:
+                    where = locate(row) if locate else source
+                    raise ValueError(f"{where}: " + self._too_long(row["id"], len(ids), row["prompt"]))
+
+    def _check_encodable(self, row: dict, where: str) -> None:
+        """Raises ValueError naming `where`, the row's question and the characters of its prompt that the
+        tokenizer cannot encode, and the characters it can, when its vocabulary is small enough to list."""
+        try:
+            self._token_ids([row["prompt"]])
+            return
+        except Exception as err:
+            cause = err
+        unreadable = sorted({char for char in row["prompt"] if not self._encodes(char)})
+        vocabulary = self.tokenizer.get_vocab()
+        readable = ""
+        if len(vocabulary) <= 512:
+            alphabet = "".join(sorted(token for token in vocabulary if len(token) == 1))
+            readable = f"; it reads only these characters: {alphabet!r}"
+        raise ValueError(
+            f"{where}: column 'prompt' of question_id={row['id']} holds characters the model's tokenizer"
+            f" cannot encode: {', '.join(repr(c) for c in unreadable) or '(none alone)'}"
+            f"{readable} ({cause}): {row['prompt'][:60]!r}"
+        ) from cause
+
+    def _encodes(self, char: str) -> bool:
+        try:
+            self.tokenizer(char, add_special_tokens=False)
+        except Exception:
+            return False
+        return True
 
     def _too_long(self, question_id: int, length: int, prompt: str) -> str:
         return (

@@ -189,13 +189,14 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
-        """Before any training: reject a conflicting strategy config and prompts longer than allowed."""
+        """Before any training: reject a conflicting strategy config, and prompts the tokenizer cannot encode
+        or that are longer than allowed."""
         check_strategy(self.trainer, self, self.trainer.datamodule)
         data = self.trainer.datamodule  # set up before the module (Lightning's order)
         if stage == "fit" and isinstance(data, PromptDataModule):
             check_rollout_memory(self.hparams, data.hparams.batch_size, self.trainer.strategy.root_device)
-            self.collector.check_prompt_lengths(data.train_rows, "training data")
-            self.collector.check_prompt_lengths(data.val_rows, "validation data")
+            self.collector.check_prompts(data.train_rows, "training data", data.locate)
+            self.collector.check_prompts(data.val_rows, "validation data", data.locate)
 
     def configure_model(self) -> None:
         """Build the policy (and the frozen reference when beta > 0) once, inside the strategy's context."""

@@ -78,9 +78,20 @@ def test_prompt_lengths_are_checked_for_a_whole_dataset_before_training():
     with pytest.raises(
         ValueError, match="training data: prompt of question_id=2 has 5 tokens > max_prompt_length=4"
     ):
-        collector.check_prompt_lengths(rows, "training data")
+        collector.check_prompts(rows, "training data")
     collector.truncate_prompts = True
-    collector.check_prompt_lengths(rows, "training data")
+    collector.check_prompts(rows, "training data")
+
+
+def test_a_prompt_the_tokenizer_cannot_encode_is_named_with_its_characters():
+    collector = RolloutCollector(TOKENIZER, [ArithmeticReward()], max_prompt_length=64, truncate_prompts=True)
+    rows = [{"id": 1, "prompt": "1+2="}, {"id": 7, "prompt": "What is 2 + 3? 🙂"}]
+    with pytest.raises(ValueError) as raised:
+        collector.check_prompts(rows, "training data", locate=lambda row: f"train.jsonl: line {row['id']}")
+    message = str(raised.value)
+    assert message.startswith("train.jsonl: line 7: column 'prompt' of question_id=7 holds characters")
+    assert "cannot encode: ' ', '?', 'W', 'a', 'h', 'i', 's', 't', '🙂'" in message
+    assert "it reads only these characters: '+-0123456789='" in message
 
 
 class ClippingEngine(ScriptedEngine):

@@ -1,5 +1,6 @@
 """ExGRPOModule: config validation, the update math end to end, and real Trainer runs on a tiny model."""
 
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -74,8 +75,23 @@ def test_long_prompt_is_an_error_naming_the_question_unless_truncation(tiny_mode
 def test_a_long_prompt_anywhere_in_the_data_stops_fit_before_the_first_step(tiny_model_dir, tmp_path):
     module = make_module(tiny_model_dir, max_prompt_length=5)  # "12+34=" is 6 characters, "1+2=" 4
     trainer = tiny_trainer(tmp_path, max_steps=1)
-    with pytest.raises(ValueError, match=r"training data: prompt of question_id=\d+ has 6 tokens"):
+    with pytest.raises(
+        ValueError, match=r"synthetic task ArithmeticTask: prompt of question_id=\d+ has 6 tokens"
+    ):
         trainer.fit(module, datamodule=make_data())
+    assert trainer.global_step == 0
+
+
+def test_text_the_tokenizer_cannot_read_stops_fit_naming_file_row_and_characters(tiny_model_dir, tmp_path):
+    rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "What is 2 + 3?", "answer": "5"}]
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = PromptDataModule(synthetic=ArithmeticTask(64, seed=1), val_path=str(tmp_path / "val.jsonl"))
+    trainer = tiny_trainer(tmp_path, max_steps=1)
+    expected = (
+        r"val\.jsonl: line 2: column 'prompt' of question_id=\d+ holds characters .* cannot encode: ' ', '\?'"
+    )
+    with pytest.raises(ValueError, match=expected):
+        trainer.fit(make_module(tiny_model_dir), datamodule=data)
     assert trainer.global_step == 0
 
 

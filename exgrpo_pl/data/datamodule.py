@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from exgrpo_pl.data.loaders import ExcludingRandomSampler, ResumableLoader, RowDataset, collate_rows
-from exgrpo_pl.data.loading import check_answer_from, load_rows, split_rows
+from exgrpo_pl.data.loading import check_answer_from, find_row, load_rows, split_rows
 from exgrpo_pl.data.synthetic import ArithmeticTask
 from exgrpo_pl.data.task import SyntheticTask
 from exgrpo_pl.seeding import derive_seed
@@ -136,6 +136,17 @@ class PromptDataModule(L.LightningDataModule):
         if not rows:
             raise ValueError("no training rows are left after the validation split; lower val_fraction")
         self._train_rows = rows
+
+    def locate(self, row: dict[str, Any]) -> str:
+        """Where a loaded row comes from, for error messages: `"<file>: line 3"` (the training file, else
+        the validation file), or the synthetic task."""
+        hp = self.hparams
+        for path in (hp.train_path, hp.val_path):
+            position = find_row(path, hp.prompt_column, row["prompt"]) if path is not None else None
+            if position is not None:
+                return f"{path}: {position}"
+        task = self.synthetic if self.synthetic is not None else ArithmeticTask()
+        return f"synthetic task {type(task).__name__}"
 
     @property
     def train_rows(self) -> list[dict[str, Any]]:

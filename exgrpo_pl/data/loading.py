@@ -262,6 +262,18 @@ def load_rows(
     return rows
 
 
+def find_row(path: str | Path, column: str, value: Any) -> str | None:
+    """Where in `path` the first row whose `column` equals `value` is ("line 3", "row 3"), or None.
+
+    Reads the file again: for error messages about a row after loading, which rows do not carry.
+    """
+    path = Path(path).expanduser()
+    for position, raw in _read(path):
+        if isinstance(raw, dict) and raw.get(column) == value:
+            return position
+    return None
+
+
 def _check_repeat(
     path: Path,
     positions: tuple[str, str],
