@@ -10,6 +10,8 @@ a checkpoint file, and warns listing each option whose value differs from the ch
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningCLI
@@ -50,6 +52,18 @@ class ExGRPOCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         check_loadable(self.config[subcommand].get("ckpt_path") if subcommand else None, "--ckpt_path")
 
+    def instantiate_classes(self) -> None:
+        """LightningCLI's, with an option error of ours raised alone: jsonargparse wraps an error raised by
+        a class it builds (a callback's option out of range, say) in kilobytes of the union types it tried,
+        and the one line that names the class, the option and its rule gets lost in the middle."""
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as err:
+            cause = own_root_cause(err)
+            if cause is None or cause is err:
+                raise
+            raise type(cause)(str(cause)) from None
+
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer_config = config.get("trainer") or {}
@@ -78,6 +92,25 @@ class ExGRPOCLI(LightningCLI):
             if path:
                 lines.append(f"  checkpoint:  {path}")
         print("\n".join(lines))
+
+
+_OWN_CODE = (Path(__file__).parent, Path(__file__).parents[1] / "callbacks")  # installed, or a checkout
+
+
+def own_root_cause(err: BaseException) -> BaseException | None:
+    """The first exception `err` was raised from or during, `err` included, that was raised by this
+    package's code (the innermost frame of its traceback is in it), or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        frames = err.__traceback__
+        while frames is not None and frames.tb_next is not None:
+            frames = frames.tb_next
+        origin = Path(frames.tb_frame.f_code.co_filename) if frames is not None else None
+        if origin is not None and any(origin.is_relative_to(folder) for folder in _OWN_CODE):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def main(args=None) -> None:

@@ -48,6 +48,11 @@ def check_options(hp) -> None:
     check_numbers("ExGRPOModule", hp, NUMERIC_OPTIONS)
     for i, weight in enumerate(hp.reward_weights or []):
         check_number("ExGRPOModule", f"reward_weights[{i}]", weight)
+    if hp.reward_weights and not any(hp.reward_weights):
+        raise ValueError(
+            f"ExGRPOModule reward_weights={list(hp.reward_weights)}: at least one must be non-zero; with all"
+            " zero every reward is 0, every advantage is 0, and nothing is learned"
+        )
     for name, allowed in CHOICE_OPTIONS.items():
         check_choice("ExGRPOModule", name, hp[name], allowed)
     check_engine(hp.rollout_engine, hp.rollout_engine_options)

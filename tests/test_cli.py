@@ -123,3 +123,22 @@ def test_a_resumed_run_keeps_its_own_options_and_lists_those_that_differ_from_th
     assert "2 option(s) differ" in warning
     assert "model.learning_rate: 0.001 in the checkpoint, 0.002 in this run" in warning
     assert "model.weight_decay: 0.0 in the checkpoint, 0.1 in this run" in warning
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("{mix_fraction: 1.5}", r"^ReplayCallback mix_fraction=1.5: must be in \(0, 1\]$"),
+        (
+            "{min_buffer_size: 200000}",
+            r"^ReplayCallback min_buffer_size=200000: must be <= the buffer's max_size",
+        ),
+    ],
+)
+def test_an_invalid_callback_option_is_the_error_alone(tiny_args, option, message):
+    callback = (
+        f"--trainer.callbacks=[{{class_path: exgrpo_pl.callbacks.ReplayCallback, init_args: {option}}}]"
+    )
+    with pytest.raises(ValueError, match=message) as raised:
+        main(["fit", *tiny_args, callback])
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__  # no union dump above it

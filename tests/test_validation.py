@@ -61,6 +61,7 @@ def test_a_number_beyond_float32_is_an_error(bad):
         ([math.nan], r"reward_weights\[0\]=nan: must be finite"),
         ([1.0, 1e39], r"reward_weights\[1\]=1e\+39: must be finite in float32"),
         (["1"], r"reward_weights\[0\]='1': must be a number"),
+        ([0.0, 0], r"reward_weights=\[0.0, 0\]: at least one must be non-zero"),
     ],
 )
 def test_reward_weights_are_each_checked_at_construction(weights, message):
