@@ -1,4 +1,5 @@
-"""Replays, as a hostile user would, the failures of issue 19's items 2, 3, 5 and 6 through `exgrpo fit`.
+"""Replays, as a hostile user would, the failures of issue 19's items 2, 3, 5 and 6 and of issue 29's items
+1-4 (the probes named "29.<item> ...") through `exgrpo fit`.
 
 Each probe runs the quickstart (cut to a few steps) with one hostile change and prints one line: its
 outcome ("clear error": the run stops with a message that names the file, option or function; "works": the
@@ -7,6 +8,7 @@ results/hostile_probes.json. The full-disk probes mount a small tmpfs and need r
 
     python benchmarks/hostile_probes.py              # all probes, about 10 minutes on 2 cores
     python benchmarks/hostile_probes.py --only url   # the probes whose name contains "url"
+    python benchmarks/hostile_probes.py --only 29.   # issue 29's probes
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_checkpoint_integrity import WEIGHT, flip_exponent_bit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
@@ -316,6 +321,80 @@ def probe_truncated_ckpt(workdir: Path) -> tuple[str, str, dict]:
     return probe_incomplete_ckpt(data[: len(data) // 2])(workdir)
 
 
+# ------------------------------------------------------------------------------------------ issue 29
+def replay_callback(**options: object) -> str:
+    """The quickstart's callbacks replaced by one ReplayCallback with `options`."""
+    given = ", ".join(f"{name}: {value}" for name, value in options.items())
+    return f"--trainer.callbacks=[{{class_path: exgrpo_pl.callbacks.ReplayCallback, init_args: {{{given}}}}}]"
+
+
+def probe_flipped_ckpt_path(workdir: Path) -> tuple[str, str, dict]:
+    path = full_checkpoint(workdir)
+    record = flip_exponent_bit(path)
+    run = exgrpo(workdir, "--trainer.max_steps=2", f"--ckpt_path={path}")
+    said = f"{path.name}: not a complete, intact checkpoint (record '{record}' fails its CRC-32 check"
+    return verdict(run["code"] != 0 and said in run["output"], "clear error"), last_error(run["output"]), run
+
+
+def probe_flipped_last(workdir: Path) -> tuple[str, str, dict]:
+    every_step = [
+        f"--trainer.default_root_dir={workdir / 'run'}",
+        "--trainer.callbacks+=exgrpo_pl.checkpointing.SafeModelCheckpoint",
+        "--trainer.callbacks.every_n_train_steps=1", "--trainer.callbacks.save_top_k=-1",
+    ]  # fmt: skip
+    first = exgrpo(workdir, "--trainer.max_steps=2", *every_step)
+    assert first["code"] == 0, first["output"][-2000:]
+    newest = next((workdir / "run").glob("lightning_logs/*/checkpoints/epoch=0-step=2.ckpt"))
+    flip_exponent_bit(newest)
+    run = exgrpo(workdir, "--trainer.max_steps=3", "--ckpt_path=last", *every_step)
+    warned = re.search(
+        r"skipping incomplete or corrupt \S*step=2\.ckpt \(record .*; using \S*step=1\.ckpt", run["output"]
+    )
+    ok = run["code"] == 0 and warned is not None
+    return verdict(ok, "works"), warned.group(0)[:200] if warned else last_error(run["output"]), run
+
+
+def probe_infinite_weight(workdir: Path) -> tuple[str, str, dict]:
+    checkpoint = torch.load(full_checkpoint(workdir), weights_only=True)
+    checkpoint["state_dict"][WEIGHT][0, 0] = float("inf")
+    torch.save(checkpoint, workdir / "inf.ckpt")
+    run = exgrpo(workdir, "--trainer.max_steps=3", f"--ckpt_path={workdir / 'inf.ckpt'}")
+    said = f"NonFiniteWeightsError: The weights restored from {workdir / 'inf.ckpt'} hold NaN or inf"
+    return verdict(run["code"] != 0 and said in run["output"], "clear error"), last_error(run["output"]), run
+
+
+def probe_unreachable_minimum(workdir: Path) -> tuple[str, str, dict]:
+    run = exgrpo(workdir, "--trainer.max_steps=2", replay_callback(mode="mix", min_buffer_size=5000))
+    start = "min_buffer_size=5000 trajectories per rank, but this run can store at most 512" in run["output"]
+    end = "replay was active, but no step of this run replayed" in run["output"]
+    detail = f"warned at the start: {start}, at the end: {end}"
+    return verdict(run["code"] == 0 and start and end, "clear warning"), detail, run
+
+
+def probe_unreadable_text(workdir: Path) -> tuple[str, str, dict]:
+    rows = [{"prompt": "12+3=", "answer": "15"}, {"prompt": "What is 2 + 3?", "answer": "5"}]
+    (workdir / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = exgrpo(workdir, "--trainer.max_steps=1", f"--data.val_path={workdir / 'val.jsonl'}")
+    said = f"{workdir / 'val.jsonl'}: line 2: column 'prompt' of question_id="
+    ok = run["code"] != 0 and said in run["output"] and "cannot encode: ' ', '?', 'W'" in run["output"]
+    return verdict(ok, "clear error"), last_error(run["output"]), run
+
+
+def probe_changed_replay_options(workdir: Path) -> tuple[str, str, dict]:
+    path = full_checkpoint(workdir)
+    run = exgrpo(workdir, "--trainer.max_steps=2", f"--ckpt_path={path}", replay_callback(mode="swap"))
+    listed = re.search(r"(\d+) ReplayCallback option\(s\) differ", run["output"])
+    ok = run["code"] == 0 and listed is not None and "mode: 'mix' in the checkpoint, 'swap'" in run["output"]
+    return verdict(ok, "clear warning"), listed.group(0) if listed else last_error(run["output"]), run
+
+
+def probe_callback_option_alone(workdir: Path) -> tuple[str, str, dict]:
+    run = exgrpo(workdir, "--trainer.max_steps=1", replay_callback(mix_fraction=1.5))
+    last = run["output"].strip().splitlines()[-1] if run["output"].strip() else ""
+    ok = run["code"] != 0 and last == "ValueError: ReplayCallback mix_fraction=1.5: must be in (0, 1]"
+    return verdict(ok, "clear error"), f"last line: {last}; {len(run['output'])} characters in all", run
+
+
 PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
     "2 url checkpoint payload": probe_url_payload,
     "2 local checkpoint payload": probe_local_payload,
@@ -340,6 +419,32 @@ PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
     "6 truncated --ckpt_path": probe_truncated_ckpt,
     "6 max_steps mid-epoch name": probe_checkpoint_name,
     "6 torchinductor_root in TMPDIR": probe_inductor_dir,
+    "29.1 bit-flipped --ckpt_path": probe_flipped_ckpt_path,
+    "29.1 bit-flipped newest, last": probe_flipped_last,
+    "29.1 inf weight in a checkpoint": probe_infinite_weight,
+    "29.2 min_buffer_size > max_size": probe_option(
+        replay_callback(min_buffer_size=200000),
+        expect=r"min_buffer_size=200000: must be <= the buffer's max_size",
+    ),
+    "29.2 min_buffer_size 2, max_size 1": probe_option(
+        replay_callback(
+            min_buffer_size=2,
+            buffer="{class_path: exgrpo_pl.buffer.TrajectoryBuffer, init_args: {max_size: 1}}",
+        ),
+        expect=r"min_buffer_size=2: must be <= the buffer's max_size=1",
+    ),
+    "29.2 replay_start_epoch >= max_epochs": probe_option(
+        "--trainer.max_epochs=2",
+        replay_callback(replay_start_epoch=5),
+        expect=r"replay_start_epoch=5: must be < trainer.max_epochs=2",
+    ),
+    "29.2 minimum above the run's rollouts": probe_unreachable_minimum,
+    "29.3 text the tokenizer cannot read": probe_unreadable_text,
+    "29.4 resume with other replay options": probe_changed_replay_options,
+    "29.4 bad callback option, one line": probe_callback_option_alone,
+    "29.4 reward_weights all zero": probe_option(
+        "--model.reward_weights=[0.0]", expect=r"reward_weights=\[0.0\]: at least one must be non-zero"
+    ),
 }
 
 
