@@ -1,0 +1,43 @@
+"""The paper's table: rows per set and domain, the averages over whole sets, JSON and Markdown."""
+
+import json
+
+import pytest
+
+from exgrpo_pl.evaluation.report import build_table, to_markdown, write_report
+
+RESULTS = {
+    "aime24": {"avg@32": 0.25, "pass@32": 0.6, "pass@1": 0.25, "mean_length": 812.4, "problems": 30.0},
+    "math500": {"avg@1": 0.75, "mean_length": 400.0, "problems": 500.0},
+    "math500/algebra": {"avg@1": 0.9, "problems": 100.0},
+    "gpqa": {"avg@1": 0.3, "problems": 198.0},
+}
+
+
+def test_averages_are_over_whole_sets_split_by_distribution():
+    table = build_table(RESULTS, out_of_distribution=["gpqa"])
+    assert table["averages"] == pytest.approx(
+        {"in-distribution": 0.5, "out-of-distribution": 0.3, "all": 1.3 / 3}
+    )
+    assert table["rows"]["aime24"]["score"] == 0.25 and table["rows"]["math500/algebra"]["score"] == 0.9
+    assert "out-of-distribution" not in build_table(RESULTS)["averages"]
+
+
+def test_an_unknown_out_of_distribution_set_is_an_error():
+    with pytest.raises(ValueError, match=r"out_of_distribution names sets with no results: \['arc'\]"):
+        build_table(RESULTS, out_of_distribution=["arc"])
+
+
+def test_markdown_and_json_land_next_to_each_other(tmp_path):
+    table = build_table(RESULTS, out_of_distribution=["gpqa"])
+    markdown = to_markdown(table)
+    lines = markdown.splitlines()
+    assert lines[0] == "| set | score | avg@1 | avg@32 | pass@1 | pass@32 | mean_length | problems |"
+    assert lines[2] == "| aime24 | 25.0 |  | 25.0 | 25.0 | 60.0 | 812.4 | 30 |"
+    assert lines[-3:] == [
+        "| average (in-distribution) | 50.0 | | | | | | |",
+        "| average (out-of-distribution) | 30.0 | | | | | | |",
+        "| average (all) | 43.3 | | | | | | |",
+    ]
+    json_path, markdown_path = write_report(table, tmp_path / "logs")
+    assert json.loads(json_path.read_text()) == table and markdown_path.read_text() == markdown
