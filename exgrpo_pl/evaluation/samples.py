@@ -1,0 +1,61 @@
+"""From an evaluation batch's rollouts to one `ProblemSamples` per problem.
+
+Plain PyTorch: the rows of a `RolloutBatch` as `RolloutCollector.collect` returns them, each prompt's
+`repeats[i]` rows next to each other, prompts in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.evaluation.metrics import ProblemSamples
+
+
+def clipped_rows(rollouts: RolloutBatch, max_new_tokens: int, stop_ids: Sequence[int]) -> torch.Tensor:
+    """`[N]` bool: the rows that used the whole budget without ending on a stop token (cut at the limit)."""
+    lengths = rollouts.completion_mask.sum(1)
+    last = rollouts.completion_ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    stopped = torch.isin(last, torch.tensor(list(stop_ids), dtype=last.dtype, device=last.device))
+    return (lengths >= max_new_tokens) & ~stopped
+
+
+def problem_samples(
+    rollouts: RolloutBatch,
+    repeats: Sequence[int],
+    clipped: torch.Tensor,
+    answer_of: Callable[[str], str | None] | None = None,
+    domains: Sequence[str | None] | None = None,
+) -> list[ProblemSamples]:
+    """One `ProblemSamples` per prompt of `rollouts`.
+
+    Args:
+        rollouts: `sum(repeats)` rows, prompt by prompt.
+        repeats: samples of each prompt.
+        clipped: `[N]` bool, rows cut at the length limit (`clipped_rows`).
+        answer_of: extracts a completion's answer for maj@k (a reward function's `extract_answer`); None:
+            no maj@k.
+        domains: each prompt's domain, or None.
+    """
+    if sum(repeats) != len(rollouts):
+        raise ValueError(f"problem_samples: repeats add up to {sum(repeats)} for {len(rollouts)} rows")
+    correct = rollouts.correct.tolist()
+    lengths = rollouts.completion_mask.sum(1).tolist()
+    cut = clipped.tolist()
+    problems, start = [], 0
+    for i, count in enumerate(repeats):
+        rows = slice(start, start + count)
+        start += count
+        answers = [answer_of(text) for text in rollouts.completions[rows]] if answer_of else None
+        problems.append(
+            ProblemSamples(
+                correct=[bool(c) for c in correct[rows]],
+                lengths=[int(n) for n in lengths[rows]],
+                truncated=[bool(t) for t in cut[rows]],
+                answers=answers,
+                domain=domains[i] if domains is not None else None,
+            )
+        )
+    return problems
