@@ -6,6 +6,10 @@ samples is the module's choice.
 
     collector = RolloutCollector(tokenizer, [ArithmeticReward()], max_prompt_length=64)
     fresh, metrics = collector.collect(engine, sampling, prompts, question_ids, repeats=[8] * len(prompts))
+
+A prompt is text or, as in TRL's "conversational" format, a list of chat messages; the model reads such a
+list rendered with the tokenizer's chat template, and the reward functions receive it as it is, with each of
+its completions as one assistant message (see `RolloutCollector.collect`).
 """
 
 from __future__ import annotations
@@ -20,10 +24,17 @@ from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
 from exgrpo_pl.engines import RolloutEngine, SamplingConfig
-from exgrpo_pl.rewards import compute_rewards
+from exgrpo_pl.rewards import completion_text, compute_rewards
+from exgrpo_pl.rewards.base import Prompt
 
 # Prompts tokenized per call when checking a whole dataset's prompts.
 _CHECK_CHUNK = 4096
+
+
+def _preview(prompt: Prompt) -> str:
+    """The start of a prompt, for error messages: of its text, or of its last chat message's content (the
+    question, in the usual system-then-user layout)."""
+    return completion_text(prompt)[:60]
 
 
 class RolloutCollector:
@@ -35,7 +46,9 @@ class RolloutCollector:
         reward_weights: one weight per function; None weighs each 1.0.
         max_prompt_length: longest prompt in tokens.
         truncate_prompts: keep a long prompt's last `max_prompt_length` tokens instead of failing.
-        chat_template: wrap each prompt as a user message with the tokenizer's chat template.
+        chat_template: wrap each text prompt as a user message with the tokenizer's chat template. A
+            message-list prompt is rendered with the template whenever the tokenizer has one; without one
+            (the embedded tiny models) its messages' contents are joined with "\\n".
         correct_threshold: a rollout is correct when its reward exceeds this.
         reward_timeout_seconds: seconds each reward function may take per call; None: no limit.
     """
@@ -62,17 +75,36 @@ class RolloutCollector:
         self.reward_timeout_seconds = reward_timeout_seconds
         self._clipping_checked = False
 
-    def _token_ids(self, prompts: Sequence[str]) -> list[list[int]]:
-        if self.chat_template:
-            prompts = [
-                self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-                )
-                for p in prompts
-            ]
-        return self.tokenizer(list(prompts), add_special_tokens=not self.chat_template)["input_ids"]
+    def _render(self, prompt: Prompt) -> tuple[str, bool]:
+        """The text the model reads for `prompt`, and whether the tokenizer adds its special tokens to it.
 
-    def encode(self, prompts: Sequence[str], question_ids: Tensor) -> list[Tensor]:
+        A text prompt is itself, or with `chat_template` one user message in the tokenizer's chat template.
+        A message list is rendered with the tokenizer's chat template (a generation prompt added) when it
+        has one; otherwise its messages' contents are joined with "\\n", as plain text is read. A chat
+        template writes its own special tokens, so none are added to what it renders.
+        """
+        if isinstance(prompt, str):
+            if not self.chat_template:
+                return prompt, True
+            prompt = [{"role": "user", "content": prompt}]
+        elif self.tokenizer.chat_template is None:
+            return "\n".join(message["content"] for message in prompt), True
+        return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True), False
+
+    def _token_ids(self, prompts: Sequence[Prompt]) -> list[list[int]]:
+        """Token ids of each prompt (text or a message list, see `_render`), in one tokenizer call for each
+        setting of `add_special_tokens`."""
+        rendered = [self._render(prompt) for prompt in prompts]
+        ids: list[list[int]] = [[] for _ in rendered]
+        for special in (True, False):
+            rows = [row for row, (_, adds) in enumerate(rendered) if adds == special]
+            if rows:
+                texts = [rendered[row][0] for row in rows]
+                for row, row_ids in zip(rows, self.tokenizer(texts, add_special_tokens=special)["input_ids"]):
+                    ids[row] = row_ids
+        return ids
+
+    def encode(self, prompts: Sequence[Prompt], question_ids: Tensor) -> list[Tensor]:
         """Token ids of each prompt; too long is an error naming the question, unless truncation is on."""
         rows = []
         for ids, prompt, qid in zip(self._token_ids(prompts), prompts, question_ids.tolist()):
@@ -90,7 +122,7 @@ class RolloutCollector:
         is longer than `max_prompt_length` tokens (unless `truncate_prompts`).
 
         Args:
-            rows: dataset rows with "id" and "prompt".
+            rows: dataset rows with "id" and "prompt" (text or a list of chat messages).
             source: what the rows are, for the message (e.g. "training data").
             locate: where a row comes from (file and row), for the message; None names `source` only.
         """
@@ -111,13 +143,18 @@ class RolloutCollector:
 
     def _check_encodable(self, row: dict, where: str) -> None:
         """Raises ValueError naming `where`, the row's question and the characters of its prompt that the
-        tokenizer cannot encode, and the characters it can, when its vocabulary is small enough to list."""
+        tokenizer cannot encode, and the characters it can, when its vocabulary is small enough to list.
+
+        The characters are those of the prompt as the model reads it (a message list rendered, see
+        `_render`), so a character a chat template or the join of messages adds is named too.
+        """
         try:
             self._token_ids([row["prompt"]])
             return
         except Exception as err:
             cause = err
-        unreadable = sorted({char for char in row["prompt"] if not self._encodes(char)})
+        text, _ = self._render(row["prompt"])
+        unreadable = sorted({char for char in text if not self._encodes(char)})
         vocabulary = self.tokenizer.get_vocab()
         readable = ""
         if len(vocabulary) <= 512:
@@ -126,7 +163,7 @@ class RolloutCollector:
         raise ValueError(
             f"{where}: column 'prompt' of question_id={row['id']} holds characters the model's tokenizer"
             f" cannot encode: {', '.join(repr(c) for c in unreadable) or '(none alone)'}"
-            f"{readable} ({cause}): {row['prompt'][:60]!r}"
+            f"{readable} ({cause}): {_preview(row['prompt'])!r}"
         ) from cause
 
     def _encodes(self, char: str) -> bool:
@@ -136,10 +173,10 @@ class RolloutCollector:
             return False
         return True
 
-    def _too_long(self, question_id: int, length: int, prompt: str) -> str:
+    def _too_long(self, question_id: int, length: int, prompt: Prompt) -> str:
         return (
             f"prompt of question_id={question_id} has {length} tokens > max_prompt_length="
-            f"{self.max_prompt_length} (truncate_prompts: true keeps the end): {prompt[:60]!r}"
+            f"{self.max_prompt_length} (truncate_prompts: true keeps the end): {_preview(prompt)!r}"
         )
 
     def _check_clipping(self, truncated: Tensor, sampling: SamplingConfig) -> None:
@@ -163,7 +200,7 @@ class RolloutCollector:
         self,
         engine: RolloutEngine,
         sampling: SamplingConfig,
-        prompts: Sequence[str],
+        prompts: Sequence[Prompt],
         question_ids: Tensor,
         repeats: Sequence[int],
         columns: dict[str, list[Any]] | None = None,
@@ -176,7 +213,9 @@ class RolloutCollector:
         Args:
             engine: what samples.
             sampling: budget, temperature, stop tokens.
-            prompts: the prompt strings.
+            prompts: the prompts: strings, or lists of chat messages. The reward functions receive each
+                as it is; a message-list prompt's completions reach them as TRL's GRPOTrainer gives them,
+                `[{"role": "assistant", "content": text}]`, while the rollouts keep the text.
             question_ids: `[len(prompts)]` long.
             repeats: completions per prompt.
             columns: dataset columns per prompt, the reward functions' keyword arguments.
@@ -215,8 +254,13 @@ class RolloutCollector:
         completions = self.tokenizer.batch_decode(out.ids, skip_special_tokens=True)
         row_prompts = per_row(prompts)
         row_columns = {key: per_row(values) for key, values in columns.items()}
+        # As TRL's GRPOTrainer: a conversational prompt's completion is a conversation, one assistant message.
+        reward_completions = [
+            [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+            for prompt, text in zip(row_prompts, completions)
+        ]
         rewards, per_function = compute_rewards(
-            self.reward_funcs, self.reward_weights, row_prompts, completions, row_columns,
+            self.reward_funcs, self.reward_weights, row_prompts, reward_completions, row_columns,
             timeout_seconds=self.reward_timeout_seconds,
         )  # fmt: skip
         metrics["timing/reward"] = time.perf_counter() - started

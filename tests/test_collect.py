@@ -1,15 +1,21 @@
-"""RolloutCollector: prompts of a plan -> engine -> decoded, scored rows in plan order."""
+"""RolloutCollector: prompts of a plan -> engine -> decoded, scored rows in plan order; message-list prompts
+(rendered with the chat template, conversational completions for the reward functions), in a real run too."""
 
 import warnings
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import tiny_module
+from lightning.pytorch import Trainer
+from transformers import LlamaForCausalLM
 
 from exgrpo_pl.collect import RolloutCollector
-from exgrpo_pl.data import ARITHMETIC_ALPHABET
+from exgrpo_pl.data import ARITHMETIC_ALPHABET, PromptDataModule
 from exgrpo_pl.engines import Completions, SamplingConfig
-from exgrpo_pl.models import build_char_tokenizer
-from exgrpo_pl.rewards import ArithmeticReward
+from exgrpo_pl.models import build_char_tokenizer, tiny_llama_config
+from exgrpo_pl.rewards import ArithmeticReward, FormatReward
 
 TOKENIZER = build_char_tokenizer(ARITHMETIC_ALPHABET)
 SAMPLING = SamplingConfig(4, 1.0, 1.0, TOKENIZER.pad_token_id, (TOKENIZER.eos_token_id,))
@@ -125,3 +131,157 @@ def test_a_first_batch_mostly_clipped_warns_once_naming_the_stop_ids(clipped, wa
         assert "stop_token_ids" in messages[0]
     else:
         assert messages == []
+
+
+# Message-list prompts (TRL's conversational format, the paper's verl data)
+
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # the contents, back to back
+SYSTEM_AND_USER = [{"role": "system", "content": "1="}, {"role": "user", "content": "2+3="}]
+
+
+class RecordingTokenizer:
+    """`tokenizer`, recording the texts and `add_special_tokens` of each call."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def __call__(self, texts, **kwargs):
+        self.calls.append((texts, kwargs["add_special_tokens"]))
+        return self.tokenizer(texts, **kwargs)
+
+
+def newline_tokenizer(chat_template):
+    """The arithmetic alphabet and a newline, with `chat_template` (None: no template)."""
+    tokenizer = build_char_tokenizer(ARITHMETIC_ALPHABET + "\n")
+    tokenizer.chat_template = chat_template
+    return RecordingTokenizer(tokenizer)
+
+
+def char_ids(text):
+    return newline_tokenizer(None).tokenizer(text)["input_ids"]
+
+
+def test_a_message_prompt_is_rendered_with_the_tokenizers_chat_template():
+    tokenizer = newline_tokenizer(TEMPLATE)
+    collector = RolloutCollector(tokenizer, [ArithmeticReward()], max_prompt_length=16)
+    assert collector._token_ids([SYSTEM_AND_USER, "1+2="]) == [char_ids("1=2+3="), char_ids("1+2=")]
+    # Text as before (chat_template off: as it is, special tokens added); the template writes its own.
+    assert tokenizer.calls == [(["1+2="], True), (["1=2+3="], False)]
+    tokenizer.calls.clear()
+    collector.chat_template = True  # now a text prompt is one user message of the template too
+    assert collector._token_ids(["1+2=", SYSTEM_AND_USER]) == [char_ids("1+2="), char_ids("1=2+3=")]
+    assert tokenizer.calls == [(["1+2=", "1=2+3="], False)]
+
+
+def test_without_a_chat_template_a_message_prompts_contents_are_joined_with_newlines():
+    tokenizer = newline_tokenizer(None)
+    collector = RolloutCollector(tokenizer, [ArithmeticReward()], max_prompt_length=16)
+    assert collector._token_ids([SYSTEM_AND_USER]) == [char_ids("1=\n2+3=")]
+    assert tokenizer.calls == [(["1=\n2+3="], True)]
+
+
+def test_message_prompts_are_checked_before_training_and_named_by_their_last_message():
+    collector = RolloutCollector(newline_tokenizer(None), [ArithmeticReward()], max_prompt_length=6)
+    rows = [{"id": 1, "prompt": [{"role": "user", "content": "1+2="}]}, {"id": 3, "prompt": SYSTEM_AND_USER}]
+    with pytest.raises(
+        ValueError,
+        match=r"^training data: prompt of question_id=3 has 7 tokens > max_prompt_length=6 "
+        r"\(truncate_prompts: true keeps the end\): '2\+3='$",
+    ):
+        collector.check_prompts(rows, "training data")
+    # The joining newline is a character this tokenizer cannot read: the message says so.
+    collector = RolloutCollector(TOKENIZER, [ArithmeticReward()], max_prompt_length=64)
+    with pytest.raises(ValueError) as raised:
+        collector.check_prompts(rows, "training data", locate=lambda row: f"train.parquet: row {row['id']}")
+    message = str(raised.value)
+    assert message.startswith("train.parquet: row 3: column 'prompt' of question_id=3 holds characters")
+    assert "cannot encode: '\\n'; it reads only these characters: '+-0123456789='" in message
+    assert message.endswith(": '2+3='")
+
+
+class RecordingReward:
+    """Records the prompts, completions and columns each call gets; scores 0.0."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prompts, completions, **columns):
+        self.calls.append((prompts, completions, columns))
+        return [0.0] * len(completions)
+
+
+def test_reward_functions_get_conversational_completions_for_message_prompts():
+    recorder = RecordingReward()
+    collector = RolloutCollector(TOKENIZER, [ArithmeticReward(), recorder], max_prompt_length=8)
+    engine = ScriptedEngine(["3", "4", "15", "15"])
+    messages = [{"role": "user", "content": "1+2="}]
+    out, _ = collector.collect(
+        engine, SAMPLING, [messages, "10+5="], torch.tensor([4, 8]), [2, 2], {"answer": ["3", "15"]}
+    )
+    ((prompts, completions, columns),) = recorder.calls
+    assert prompts == [messages, messages, "10+5=", "10+5="]
+    assert completions == [
+        [{"role": "assistant", "content": "3"}], [{"role": "assistant", "content": "4"}], "15", "15",
+    ]  # fmt: skip
+    assert columns == {"answer": ["3", "3", "15", "15"]}
+    assert out.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]  # the shipped verifier reads both kinds
+    assert out.completions == ["3", "4", "15", "15"] and out.prompts == prompts  # the rollouts keep the text
+    ((prompt_ids, prompt_mask),) = engine.seen
+    assert TOKENIZER.decode(prompt_ids[0][prompt_mask[0]]) == "1+2="
+
+
+VERL = Path(__file__).parent / "data" / "samples" / "verl" / "verl_math.parquet"
+
+
+@pytest.fixture(scope="module")
+def verl_model_dir(tmp_path_factory):
+    """A tiny Llama whose character tokenizer (no chat template) reads every character of the verl sample's
+    messages and the newline that joins them."""
+    contents = {message["content"] for row in pq.read_table(VERL).to_pylist() for message in row["prompt"]}
+    tokenizer = build_char_tokenizer(
+        "".join(sorted(set("".join(contents)) | set("\n" + ARITHMETIC_ALPHABET)))
+    )
+    torch.manual_seed(0)
+    config = tiny_llama_config(len(tokenizer), hidden_size=32, num_layers=1)
+    config.max_position_embeddings = 128  # the longest question is 67 characters, plus the completion
+    path = tmp_path_factory.mktemp("verl-model")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+class ConversationRecorder(RecordingReward):
+    """Records what it gets, as `RecordingReward`, in a real run: the trainer's process calls it directly."""
+
+    in_process = True
+
+
+def test_a_training_run_on_the_papers_data_gives_reward_functions_conversations(verl_model_dir, tmp_path):
+    recorder = ConversationRecorder()
+    module = tiny_module(verl_model_dir, reward_funcs=[FormatReward(r"[0-9].*"), recorder])
+    data = PromptDataModule(
+        train_path=str(VERL), prompt_column="prompt", answer_column="reward_model.ground_truth",
+        domain_column="data_source", drop_system_prompt=True, val_fraction=0.25, batch_size=4, seed=0,
+    )  # fmt: skip
+    trainer = Trainer(
+        max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=1, limit_val_batches=1, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=data)
+    assert trainer.global_step == 2
+    assert len(recorder.calls) == 4  # a sanity validation batch, two training steps, the epoch's validation
+    for prompts, completions, columns in recorder.calls:
+        for prompt, completion in zip(prompts, completions, strict=True):
+            assert [message["role"] for message in prompt] == ["user"]  # the system prompt was dropped
+            assert isinstance(completion, list) and len(completion) == 1
+            assert set(completion[0]) == {"role", "content"} and completion[0]["role"] == "assistant"
+            assert isinstance(completion[0]["content"], str)
+        assert set(columns["domain"]) <= {"aime24", "amc23", "math500", "gsm8k"}
+        assert all(isinstance(answer, str) for answer in columns["answer"])
+        assert {reward_model["style"] for reward_model in columns["reward_model"]} == {"rule"}

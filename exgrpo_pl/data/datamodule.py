@@ -52,15 +52,22 @@ class PromptDataModule(L.LightningDataModule):
         synthetic: the synthetic task used when `train_path` is None; None means `ArithmeticTask()`.
         val_fraction: share of the training data held out for validation when `val_path` is None; 0
             disables validation.
-        prompt_column: column holding the prompt.
+        prompt_column: column holding the prompt: text, or a list of chat messages (`role`, `content`),
+            kept as that list. Every `*_column` is a column name or a dotted path into nested objects,
+            e.g. `"reward_model.ground_truth"`.
         answer_column: column holding the reference answer.
-        id_column: column holding a stable question id; None hashes the prompt text.
-        domain_column: column holding the task/domain name.
+        id_column: column holding a stable question id; None hashes the prompt (a message list as a
+            canonical JSON).
+        domain_column: column holding the task/domain name, e.g. verl's `data_source`.
         answer_from: "column" uses the answer column as it is; "boxed" takes the content of the last
             `\\boxed{...}` of a worked solution in it. The usual math layouts (see `load_rows`):
             prompt/answer: the defaults; problem/solution (MATH): `prompt_column="problem",
             answer_column="solution", answer_from="boxed"`; OpenR1-Math: `prompt_column="problem",
-            answer_column="answer"` (its `solution` column reaches reward functions as a column).
+            answer_column="answer"` (its `solution` column reaches reward functions as a column); verl,
+            the paper's: `answer_column="reward_model.ground_truth", domain_column="data_source",
+            drop_system_prompt=True`.
+        drop_system_prompt: drop the leading system messages of message-list prompts, as the paper's
+            evaluation does; text prompts are unchanged.
         batch_size: prompts per training batch (each is expanded into a group of rollouts later).
         val_batch_size: prompts per validation batch; None means `batch_size`.
         num_workers: DataLoader worker processes.
@@ -81,6 +88,7 @@ class PromptDataModule(L.LightningDataModule):
         id_column: str | None = None,
         domain_column: str | None = None,
         answer_from: str = "column",
+        drop_system_prompt: bool = False,
         batch_size: int = 8,
         val_batch_size: int | None = None,
         num_workers: int = 0,
@@ -113,6 +121,7 @@ class PromptDataModule(L.LightningDataModule):
             hp.id_column,
             hp.domain_column,
             answer_from=hp.answer_from,
+            drop_system_prompt=hp.drop_system_prompt,
         )
 
     def setup(self, stage: str | None = None) -> None:
@@ -142,7 +151,9 @@ class PromptDataModule(L.LightningDataModule):
         the validation file), or the synthetic task."""
         hp = self.hparams
         for path in (hp.train_path, hp.val_path):
-            position = find_row(path, hp.prompt_column, row["prompt"]) if path is not None else None
+            if path is None:
+                continue
+            position = find_row(path, hp.prompt_column, row["prompt"], hp.drop_system_prompt)
             if position is not None:
                 return f"{path}: {position}"
         task = self.synthetic if self.synthetic is not None else ArithmeticTask()

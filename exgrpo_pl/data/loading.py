@@ -2,10 +2,20 @@
 
 Formats, by path: `.jsonl` (one object per line), `.json` (a list of objects), `.parquet`, or a directory
 written by `datasets.Dataset.save_to_disk` (needs the `datasets` extra). Every row comes out as
-`{"id": int, "prompt": str, "answer": str, "domain": str (if a domain column is named), <other columns>}`.
-A bad row stops loading with an error naming the file, the row and the column; a `.jsonl` or `.json` file
-must be UTF-8 (a leading byte-order mark is allowed), and a byte that is not is an error naming the line and
-the byte offset.
+`{"id": int, "prompt": str or list of messages, "answer": str, "domain": str (if a domain column is named),
+<other columns>}`. A bad row stops loading with an error naming the file, the row and the column; a `.jsonl`
+or `.json` file must be UTF-8 (a leading byte-order mark is allowed), and a byte that is not is an error
+naming the line and the byte offset.
+
+Columns are named by their name or, inside nested objects, by a dotted path: `reward_model.ground_truth` is
+the `ground_truth` key of the `reward_model` column (a column whose own name holds the dot is found first).
+A path a row lacks is an error naming the row, the path and the keys present where it broke. The column a
+path reads inside stays in the row whole, so reward functions get it as a keyword column.
+
+A prompt is text, or a list of chat messages `[{"role": "system", "content": ...}, {"role": "user",
+"content": ...}]` (TRL's "conversational" format), kept as that list: the collector renders it with the
+tokenizer's chat template, and the reward functions receive it, and their completions, as messages.
+`drop_system_prompt` drops its leading system messages, as the paper's evaluation does.
 
 Duplicates: real datasets repeat questions (OpenR1-Math and MATH do). A row that repeats an earlier row's
 question (its prompt, or its id when `id_column` is given) with the same answer is dropped, with one warning
@@ -21,6 +31,9 @@ Common math layouts and the arguments that read them:
 - OpenR1-Math (`problem`, `solution`, `answer`, `uuid`, ...): `prompt_column="problem",
   answer_column="answer"`; `solution` and the other columns stay in each row, so reward functions get them
   as keyword columns.
+- verl, the paper's code (`data_source`, `prompt` as messages, `ability`, `reward_model: {ground_truth,
+  style}`, `extra_info`): `prompt_column="prompt", answer_column="reward_model.ground_truth",
+  domain_column="data_source"`, and `drop_system_prompt=True` to leave out its system prompt.
 """
 
 from __future__ import annotations
@@ -165,6 +178,96 @@ def _question_id(value: Any, where: str, column: str) -> tuple[int, int | str]:
     return value, value
 
 
+def _walk(raw: dict[str, Any], path: str) -> tuple[Any, int | None]:
+    """Follows column name or dotted `path` in `raw`.
+
+    Returns:
+        `(value, None)` when found: the column named `path` if there is one, else the value reached key by
+        key through nested objects; otherwise `(the value where it broke, the index of the key missing)`.
+    """
+    if path in raw:
+        return raw[path], None
+    value: Any = raw
+    for depth, key in enumerate(path.split(".")):
+        if not isinstance(value, dict) or key not in value:
+            return value, depth
+        value = value[key]
+    return value, None
+
+
+def _lookup(raw: dict[str, Any], path: str, where: str) -> Any:
+    """The value of column `path` (a name, or a dotted path into nested objects) in the row `raw`.
+
+    Raises:
+        ValueError: naming `where`, the path, and the keys (or the value) present where the path broke.
+    """
+    value, depth = _walk(raw, path)
+    if depth is None:
+        return value
+    if depth == 0:
+        raise ValueError(f"{where}: missing column {path!r}; columns present: {sorted(raw)}")
+    reached = ".".join(path.split(".")[:depth])
+    if not isinstance(value, dict):
+        kind = type(value).__name__
+        raise ValueError(f"{where}: missing column {path!r}: {reached!r} is {kind}, not an object with keys")
+    missing = path.split(".")[depth]
+    raise ValueError(
+        f"{where}: missing column {path!r}: {reached!r} has no key {missing!r}; its keys: {sorted(value)}"
+    )
+
+
+def _messages(value: list[Any], where: str, column: str) -> list[dict[str, Any]]:
+    """`value` when it is a non-empty list of chat messages, each a dict with a string role and content."""
+    if not value:
+        raise ValueError(f"{where}: column {column!r} is an empty list of messages")
+    for index, message in enumerate(value):
+        at = f"{where}: column {column!r} message {index}"
+        if not isinstance(message, dict):
+            raise ValueError(
+                f"{at} must be an object with 'role' and 'content', got {type(message).__name__}"
+            )
+        for key in ("role", "content"):
+            # Parquet gives every message the keys of all of them, None where a message has none.
+            if message.get(key) is None:
+                present = sorted(name for name, field in message.items() if field is not None)
+                raise ValueError(f"{at} has no {key!r}; its keys: {present}")
+            if not isinstance(message[key], str):
+                raise ValueError(f"{at}: {key!r} must be text, got {type(message[key]).__name__}")
+    return value
+
+
+def _without_system(messages: list[Any]) -> list[Any]:
+    """`messages` without their leading system messages."""
+    for start, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") != "system":
+            return messages[start:]
+    return []
+
+
+def _prompt(value: Any, where: str, column: str, drop_system_prompt: bool) -> str | list[dict[str, Any]]:
+    """A row's prompt: text, or a list of chat messages (leading system ones dropped if asked)."""
+    if not isinstance(value, list):
+        return _text(value, where, column)
+    messages = _messages(value, where, column)
+    if drop_system_prompt:
+        messages = _without_system(messages)
+        if not messages:
+            raise ValueError(
+                f"{where}: column {column!r} holds only system messages, which drop_system_prompt=True drops"
+            )
+    if not any(message["content"].strip() for message in messages):
+        raise ValueError(f"{where}: column {column!r} has no text in any message")
+    return messages
+
+
+def _prompt_key(prompt: str | list[dict[str, Any]]) -> str:
+    """What identifies a prompt: its text, or a canonical JSON of its messages (keys sorted, no spaces), so
+    that equal message lists give the same key whatever their key order."""
+    if isinstance(prompt, str):
+        return prompt
+    return json.dumps(prompt, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
 def load_rows(
     path: str | Path,
     prompt_column: str = "prompt",
@@ -172,22 +275,27 @@ def load_rows(
     id_column: str | None = None,
     domain_column: str | None = None,
     answer_from: str = "column",
+    drop_system_prompt: bool = False,
 ) -> list[dict[str, Any]]:
     """Loads and validates a prompt/answer dataset.
 
     See the module docstring for the arguments that read the common math layouts (prompt/answer,
-    problem/solution, OpenR1-Math).
+    problem/solution, OpenR1-Math, verl). Every `*_column` is a column name or a dotted path into nested
+    objects (`"reward_model.ground_truth"`).
 
     Args:
         path: a `.jsonl`, `.json` or `.parquet` file, or a `datasets.Dataset.save_to_disk` directory.
-        prompt_column: column holding the prompt text; becomes `prompt`.
+        prompt_column: column holding the prompt: text, or a list of chat messages (dicts with a string
+            `role` and `content`), kept as that list; becomes `prompt`.
         answer_column: column holding the reference answer (numbers become strings); becomes `answer`.
         id_column: column holding a stable question id (an int, or a string, hashed with `text_id` unless
-            it is a decimal integer); becomes `id`. None: `id` is the `text_id` of the prompt, which stays
-            the same across runs and row orders.
-        domain_column: column holding the task/domain name; becomes `domain`.
+            it is a decimal integer); becomes `id`. None: `id` is the `text_id` of the prompt (of a canonical
+            JSON of its messages, keys sorted), which stays the same across runs and row orders.
+        domain_column: column holding the task/domain name (verl's `data_source`); becomes `domain`.
         answer_from: "column" takes the answer column as it is; "boxed" reads it as a worked solution
             (e.g. MATH's `solution`) and takes the content of its last `\\boxed{...}`, nested braces kept.
+        drop_system_prompt: drop the leading `system` messages of a message-list prompt (before its id is
+            computed); text prompts are unchanged.
 
     Returns:
         The rows in file order, each question once. Columns not named above keep their names and values.
@@ -196,11 +304,13 @@ def load_rows(
         counts the dropped rows and names the first few.
 
     Raises:
-        ValueError: on a line that is not UTF-8 or not JSON, a missing column, an empty prompt or answer, a
-            repeated prompt with a different answer, a repeated id with a different prompt or answer, two
-            different prompts or ids whose hashed ids collide, a column whose name clashes with a
-            normalized key, an unknown `answer_from`, a solution without a complete `\\boxed{...}` (or with
-            an empty one) when `answer_from="boxed"`, or no rows at all.
+        ValueError: on a line that is not UTF-8 or not JSON, a missing column or dotted path, an empty prompt
+            or answer, a message that is not a dict with a string role and content, an empty list of
+            messages (or one left empty by `drop_system_prompt`), a repeated prompt with a different answer,
+            a repeated id with a different prompt or answer, two different prompts or ids whose hashed ids
+            collide, a column whose name clashes with a normalized key, an unknown `answer_from`, a solution
+            without a complete `\\boxed{...}` (or with an empty one) when `answer_from="boxed"`, or no rows
+            at all.
         FileNotFoundError: if `path` does not exist.
     """
     check_answer_from(answer_from)
@@ -216,9 +326,7 @@ def load_rows(
         where = f"{path}: {position}"
         if not isinstance(raw, dict):
             raise ValueError(f"{where}: expected an object with columns, got {type(raw).__name__}")
-        for column in required:
-            if column not in raw:
-                raise ValueError(f"{where}: missing column {column!r}; columns present: {sorted(raw)}")
+        values = {key: _lookup(raw, source, where) for key, source in sources.items() if source is not None}
         for key, source in sources.items():
             # A column named like a normalized key but not its source would be silently overwritten.
             if key in raw and source is not None and source != key:
@@ -227,18 +335,20 @@ def load_rows(
                 )
         if id_column is None and "id" in raw:
             raise ValueError(f"{where}: has an 'id' column; pass id_column='id' to use it (or drop it)")
+        # A column read by its name is renamed; one a dotted path reads inside stays, whole.
         row = {key: value for key, value in raw.items() if key not in required}
-        row["prompt"] = _text(raw[prompt_column], where, prompt_column)
-        row["answer"] = _text(raw[answer_column], where, answer_column)
+        row["prompt"] = _prompt(values["prompt"], where, prompt_column, drop_system_prompt)
+        row["answer"] = _text(values["answer"], where, answer_column)
         if answer_from == "boxed":
             row["answer"] = _boxed_answer(row["answer"], where, answer_column)
         # `question` identifies the question: its prompt, or its id as written (before any hashing).
         if id_column is None:
-            row["id"], question = text_id(row["prompt"]), row["prompt"]
+            question = _prompt_key(row["prompt"])
+            row["id"] = text_id(question)
         else:
-            row["id"], question = _question_id(raw[id_column], where, id_column)
+            row["id"], question = _question_id(values["id"], where, id_column)
         if domain_column is not None:
-            row["domain"] = _text(raw[domain_column], where, domain_column)
+            row["domain"] = _text(values["domain"], where, domain_column)
         if row["id"] in first_seen:
             earlier, earlier_question, earlier_row = first_seen[row["id"]]
             _check_repeat(
@@ -262,14 +372,26 @@ def load_rows(
     return rows
 
 
-def find_row(path: str | Path, column: str, value: Any) -> str | None:
+def find_row(path: str | Path, column: str, value: Any, drop_system_prompt: bool = False) -> str | None:
     """Where in `path` the first row whose `column` equals `value` is ("line 3", "row 3"), or None.
 
     Reads the file again: for error messages about a row after loading, which rows do not carry.
+
+    Args:
+        path: the file, as given to `load_rows`.
+        column: a column name or a dotted path, as given to `load_rows`.
+        value: the loaded row's value, e.g. its `prompt`.
+        drop_system_prompt: compare a message list without its leading system messages, as `load_rows`
+            keeps it with the same option.
     """
     path = Path(path).expanduser()
     for position, raw in _read(path):
-        if isinstance(raw, dict) and raw.get(column) == value:
+        if not isinstance(raw, dict):
+            continue
+        found, missing = _walk(raw, column)
+        if drop_system_prompt and isinstance(found, list):
+            found = _without_system(found)
+        if missing is None and found == value:
             return position
     return None
 

@@ -6,6 +6,7 @@ from exgrpo_pl.rewards.base import (
     RewardFunction,
     RewardNotSendableError,
     RewardTimeoutError,
+    completion_text,
     compute_rewards,
     reward_name,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "RewardFunction",
     "RewardNotSendableError",
     "RewardTimeoutError",
+    "completion_text",
     "compute_rewards",
     "extract_boxed",
     "reward_name",

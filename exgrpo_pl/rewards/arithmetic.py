@@ -1,7 +1,8 @@
 """Exact verifier for the synthetic arithmetic task (`exgrpo_pl.data.ArithmeticTask`).
 
 A completion is correct iff the integer it starts with equals the answer: "82", " 82", "82<eos>garbage" are
-right for "37+45=", "8", "820" and "+82" are not.
+right for "37+45=", "8", "820" and "+82" are not. A conversational completion (TRL's one assistant message)
+is scored on its text.
 """
 
 from __future__ import annotations

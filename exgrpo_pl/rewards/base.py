@@ -2,10 +2,13 @@
 
 The protocol is TRL's, so a TRL reward function drops in unchanged: it is called with the prompts, the
 completions and every other dataset column as a keyword list of the same length, and returns one float per
-row, or `None` where it does not apply to that row. `compute_rewards` checks what each function returns
-(a NaN, an infinite score or a wrong type is an error naming the function and the row) and can put a time
-limit on each call, which holds whatever the function does: the call runs in a worker process that is
-killed when it runs over. Core module: no Lightning.
+row, or `None` where it does not apply to that row. As in TRL, a prompt is text or a list of chat messages
+(conversational), and a conversational prompt's completion is a list of one message, `[{"role":
+"assistant", "content": text}]`; `completion_text` gives the text of either kind, and the shipped rewards
+take both. `compute_rewards` checks what each function returns (a NaN, an infinite score or a wrong type is
+an error naming the function and the row) and can put a time limit on each call, which holds whatever the
+function does: the call runs in a worker process that is killed when it runs over. Core module: no
+Lightning.
 """
 
 from __future__ import annotations
@@ -24,6 +27,39 @@ from torch import Tensor
 
 from exgrpo_pl.rewards.worker import NotSendable, WorkerProcess
 
+Messages = list[dict[str, str]]
+"""Chat messages, TRL's conversational format: `[{"role": "user", "content": "What is 1+1?"}, ...]`."""
+Prompt = str | Messages
+"""A prompt: text, or chat messages."""
+Completion = str | Messages
+"""A completion as reward functions receive it: text, or (for a conversational prompt) one assistant
+message."""
+
+
+def completion_text(completion: Completion) -> str:
+    """The text of a completion: itself, or a conversational completion's last message's content.
+
+    TRL's own rewards read `completion[0]["content"]` of a conversational completion, which holds one
+    message; the last message is the same there. For a conversational prompt it is the last message too
+    (the question, in the usual system-then-user layout).
+
+    Args:
+        completion: text, or a list of messages whose last one has a string `content`.
+
+    Raises:
+        TypeError: on anything else, naming what it got.
+    """
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        content = completion[-1].get("content")
+        if isinstance(content, str):
+            return content
+    raise TypeError(
+        "expected a completion text or a list of messages ending in one with a string 'content', got "
+        f"{_describe(completion)}"
+    )
+
 
 @runtime_checkable
 class RewardFunction(Protocol):
@@ -39,7 +75,9 @@ class RewardFunction(Protocol):
     model on the GPU, state the run reads).
     """
 
-    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]: ...
+    def __call__(
+        self, prompts: list[Prompt], completions: list[Completion], **columns: Any
+    ) -> list[float | None]: ...
 
 
 class AnswerReward(ABC):
@@ -48,17 +86,18 @@ class AnswerReward(ABC):
     name: str
 
     def __call__(
-        self, prompts: list[str], completions: list[str], answer: list[Any], **columns: Any
+        self, prompts: list[Prompt], completions: list[Completion], answer: list[Any], **columns: Any
     ) -> list[float]:
         """Scores each completion against its answer.
 
         Args:
             prompts: the prompts (unused).
-            completions: the model's completions.
+            completions: the model's completions: text, or conversational (see `completion_text`).
             answer: the reference answers, one per row.
             **columns: other dataset columns (unused).
         """
-        return [self.score(c, a, row) for row, (c, a) in enumerate(zip(completions, answer, strict=True))]
+        rows = enumerate(zip(completions, answer, strict=True))
+        return [self.score(completion_text(c), a, row) for row, (c, a) in rows]
 
     @abstractmethod
     def score(self, completion: str, answer: Any, row: int) -> float:
@@ -178,7 +217,7 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _scores(result: Any, name: str, completions: list[str]) -> Tensor:
+def _scores(result: Any, name: str, completions: list[Completion]) -> Tensor:
     """Checks a reward function's return value and converts it to `[N]` float32, `nan` where it gave None.
 
     Raises:
@@ -189,7 +228,7 @@ def _scores(result: Any, name: str, completions: list[str]) -> Tensor:
     expected = f"expected list[float | None] of length {n}, one score per completion"
 
     def where(row: int) -> str:
-        return f"row {row} (completion {completions[row][:40]!r})"
+        return f"row {row} (completion {completion_text(completions[row])[:40]!r})"
 
     if isinstance(result, np.ndarray) and result.dtype == object:
         result = result.tolist()  # e.g. an array holding None: checked entry by entry below
@@ -233,8 +272,8 @@ def _scores(result: Any, name: str, completions: list[str]) -> Tensor:
 def compute_rewards(
     funcs: Sequence[Callable[..., Sequence[float | None]]],
     weights: Sequence[float] | None,
-    prompts: list[str],
-    completions: list[str],
+    prompts: list[Prompt],
+    completions: list[Completion],
     columns: Mapping[str, list[Any]],
     timeout_seconds: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -248,8 +287,9 @@ def compute_rewards(
     Args:
         funcs: the reward functions, each following `RewardFunction`.
         weights: one weight per function; `None` weighs every function 1.0.
-        prompts: `N` prompt strings.
-        completions: `N` completion strings.
+        prompts: `N` prompts: strings, or lists of chat messages.
+        completions: `N` completions: strings, or, for a conversational prompt, TRL's one-message lists
+            `[{"role": "assistant", "content": text}]`.
         columns: the other dataset columns, each a list of `N` values, passed to every function by name.
         timeout_seconds: the longest each function's call may take; None: no limit. A limited call runs in a
             worker process (`exgrpo_pl.rewards.worker`), killed when it runs over, so the limit holds even

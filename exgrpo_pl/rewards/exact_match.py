@@ -1,4 +1,5 @@
-"""Exact-match verifier: the completion must be the answer, up to case and whitespace."""
+"""Exact-match verifier: the completion (its text, when conversational) must be the answer, up to case and
+whitespace."""
 
 from __future__ import annotations
 

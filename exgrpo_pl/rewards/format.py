@@ -1,9 +1,12 @@
-"""Format reward: does the whole completion match a regular expression (e.g. a think/answer template)?"""
+"""Format reward: does the whole completion (its text, when conversational) match a regular expression (e.g.
+a think/answer template)?"""
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+from exgrpo_pl.rewards.base import Completion, Prompt, completion_text
 
 
 class FormatReward:
@@ -25,12 +28,14 @@ class FormatReward:
         self.pattern = pattern
         self.name = name
 
-    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]:
+    def __call__(
+        self, prompts: list[Prompt], completions: list[Completion], **columns: Any
+    ) -> list[float | None]:
         """Scores each completion.
 
         Args:
             prompts: the prompts (unused).
-            completions: the model's completions.
+            completions: the model's completions: text, or conversational (see `completion_text`).
             **columns: dataset columns (unused).
         """
-        return [1.0 if self._regex.fullmatch(completion) else 0.0 for completion in completions]
+        return [1.0 if self._regex.fullmatch(completion_text(c)) else 0.0 for c in completions]

@@ -73,9 +73,10 @@ def extract_boxed(text: str) -> str | None:
 class MathVerifyReward(AnswerReward):
     """1.0 when the completion's final answer is mathematically equal to the `answer` column, else 0.0.
 
-    The prediction is the last `\\boxed{...}` of the completion, or the whole completion when it has none;
-    a reference wrapped in `\\boxed{}` is unwrapped the same way. Rows are checked in a worker process (see
-    the module docstring); copies and unpickled copies start their own.
+    The prediction is the last `\\boxed{...}` of the completion (of its text, for a conversational one), or
+    the whole completion when it has none; a reference wrapped in `\\boxed{}` is unwrapped the same way.
+    Rows are checked in a worker process (see the module docstring); copies and unpickled copies start their
+    own.
 
     Args:
         timeout_seconds: time limit for parsing and verifying one row; a row that runs over, or whose worker

@@ -8,6 +8,9 @@ With `check_steps`, the derivation must also be a proof: the prompt's signed ter
 a pool; each step takes two values out of the pool, X and the signed second operand (-Y for "X-Y"), and puts
 X+Y back, which must be the Z it wrote; at the end exactly the last Z must be left. So every term is used
 exactly once, in any order and grouping: "30-7=23;23+12=35" and "-7+30=23;12+23=35" prove it too.
+
+A conversational completion (TRL's one assistant message) is scored on its text, and a conversational
+prompt's sum is its last message's content.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 from typing import Any
+
+from exgrpo_pl.rewards.base import Completion, Prompt, completion_text
 
 # ASCII digits only: \d would also accept other scripts' digits, which the task never produces.
 _STEP = re.compile(r"(-?[0-9]+)([+-])([0-9]+)=(-?[0-9]+)")
@@ -102,18 +107,21 @@ class ReasoningReward:
         self.name = name
 
     def __call__(
-        self, prompts: list[str], completions: list[str], answer: list[Any], **columns: Any
+        self, prompts: list[Prompt], completions: list[Completion], answer: list[Any], **columns: Any
     ) -> list[float]:
         """Scores each completion against its prompt and answer.
 
         Args:
-            prompts: the prompts (read only with `check_steps`).
-            completions: the model's completions.
+            prompts: the prompts (read only with `check_steps`): text, or chat messages whose last one
+                holds the sum.
+            completions: the model's completions: text, or conversational (see `completion_text`).
             answer: the reference answers, one per row.
             **columns: other dataset columns (unused).
         """
         rows = zip(prompts, completions, answer, strict=True)
-        return [self.score(p, c, a, row) for row, (p, c, a) in enumerate(rows)]
+        return [
+            self.score(completion_text(p), completion_text(c), a, row) for row, (p, c, a) in enumerate(rows)
+        ]
 
     def score(self, prompt: str, completion: str, answer: Any, row: int = 0) -> float:
         """1.0 for a correct derivation, else 0.0; `row` is for error messages."""

@@ -1,8 +1,9 @@
-"""Tests for PromptDataModule and ExcludingRandomSampler: batches, retirement, sharding, seeds, the
-resumable training loader, and data too small for one batch."""
+"""Tests for PromptDataModule and ExcludingRandomSampler: batches, the paper's verl data layout, retirement,
+sharding, seeds, the resumable training loader, and data too small for one batch."""
 
 import io
 import json
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -52,6 +53,49 @@ def test_file_data_keeps_extra_columns(tmp_path):
     batch = next(iter(dm.train_dataloader()))
     assert set(batch) == {"prompt", "answer", "question_id", "src"}
     assert len(dm.val_rows) == 10 and len(dm.train_rows) == 10
+
+
+VERL = Path(__file__).parent / "samples" / "verl" / "verl_math.parquet"
+VERL_SOURCES = ["aime24", "amc23", "math500", "gsm8k"]
+
+
+def test_the_papers_verl_data_through_the_datamodule():
+    dm = PromptDataModule(
+        train_path=str(VERL), prompt_column="prompt", answer_column="reward_model.ground_truth",
+        domain_column="data_source", drop_system_prompt=True, val_fraction=0.25, batch_size=4, seed=0,
+    )  # fmt: skip
+    dm.setup("fit")
+    rows = dm.train_rows + dm.val_rows
+    assert len(rows) == 12 and sorted(row["domain"] for row in dm.val_rows) == sorted(VERL_SOURCES)
+    assert {row["domain"] for row in dm.train_rows} == set(VERL_SOURCES)  # the split is stratified by source
+    by_answer = {row["answer"]: row for row in rows}
+    math500 = by_answer["\\frac{3}{4}"]
+    assert math500["prompt"] == [{"role": "user", "content": "What is $\\frac{1}{2} + \\frac{1}{4}$?"}]
+    assert math500["domain"] == "math500" and math500["reward_model"]["style"] == "rule"
+    assert math500["extra_info"] == {"index": 0, "split": "test"} and math500["ability"] == "math"
+    assert dm.locate(math500) == f"{VERL}: row 7"  # found again under its system prompt
+    batch = next(iter(dm.train_dataloader()))
+    assert set(batch) == {
+        "prompt",
+        "answer",
+        "question_id",
+        "domain",
+        "ability",
+        "reward_model",
+        "extra_info",
+    }
+    assert all(prompt[0]["role"] == "user" for prompt in batch["prompt"])
+    assert set(batch["domain"]) <= set(VERL_SOURCES)
+
+
+def test_the_system_prompt_stays_unless_dropped():
+    dm = PromptDataModule(
+        train_path=str(VERL), val_path=str(VERL), answer_column="reward_model.ground_truth", batch_size=4
+    )
+    dm.setup("fit")
+    assert [message["role"] for message in dm.train_rows[0]["prompt"]] == ["system", "user"]
+    assert dm.hparams.drop_system_prompt is False
+    assert dm.locate(dm.train_rows[0]) == f"{VERL}: row 1"
 
 
 def test_no_validation_when_fraction_is_zero():

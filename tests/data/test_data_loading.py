@@ -1,4 +1,5 @@
-"""Tests for load_rows and split_rows: formats, normalization, and errors that name file, row and column."""
+"""Tests for load_rows and split_rows: formats, normalization, and errors that name file, row and column;
+nested columns named by dotted paths and chat-message prompts (the paper's verl layout)."""
 
 import json
 import warnings
@@ -10,6 +11,7 @@ import pytest
 
 from exgrpo_pl.batch import text_id
 from exgrpo_pl.data import load_rows, split_rows
+from exgrpo_pl.data.loading import find_row
 
 ROWS = [
     {"question": "What is 2+2?", "solution": 4, "level": "easy", "source": "a"},
@@ -314,3 +316,173 @@ def test_the_loader_iterator_counts_what_it_yielded():
     assert iterator._num_yielded == 0
     next(iterator), next(iterator)
     assert iterator._num_yielded == 2 and len(iterator) == 3
+
+
+# Nested columns (dotted paths) and message-list prompts: the paper's (verl's) layout
+
+
+def verl_row(question, answer, system="Reason step by step.", **extra):
+    return {
+        "data_source": "math500",
+        "prompt": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "reward_model": {"ground_truth": answer, "style": "rule"},
+        **extra,
+    }
+
+
+def load_verl(path, **kwargs):
+    return load_rows(path, prompt_column="prompt", answer_column="reward_model.ground_truth", **kwargs)
+
+
+def canonical_id(messages):
+    return text_id(json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":")))
+
+
+def test_a_dotted_path_reads_a_nested_column_which_stays_whole(tmp_path):
+    rows = [verl_row("What is 1+1?", "2"), verl_row("What is 2+2?", 4)]
+    out = load_verl(write_jsonl(tmp_path / "d.jsonl", rows), domain_column="data_source")
+    assert [row["answer"] for row in out] == ["2", "4"]  # numbers become strings here too
+    assert [row["domain"] for row in out] == ["math500", "math500"] and "data_source" not in out[0]
+    assert out[0]["reward_model"] == {"ground_truth": "2", "style": "rule"}  # reward functions get it
+
+
+def test_a_column_named_with_a_dot_is_found_by_its_full_name_first(tmp_path):
+    rows = [{"q": "x", "a.b": "by name", "a": {"b": "by path"}}, {"q": "y", "a": {"b": "by path"}}]
+    out = load_rows(write_jsonl(tmp_path / "d.jsonl", rows), prompt_column="q", answer_column="a.b")
+    assert [row["answer"] for row in out] == ["by name", "by path"]
+    assert "a.b" not in out[0] and out[0]["a"] == {"b": "by path"}  # a column read by name is renamed
+
+
+@pytest.mark.parametrize(
+    "second, message",
+    [
+        (
+            {"prompt": "q", "reward_model": {"style": "rule"}},
+            r"d\.jsonl: line 2: missing column 'reward_model\.ground_truth': 'reward_model' has no key "
+            r"'ground_truth'; its keys: \['style'\]",
+        ),
+        (
+            {"prompt": "q", "reward": {"ground_truth": "1"}},
+            r"d\.jsonl: line 2: missing column 'reward_model\.ground_truth'; columns present: "
+            r"\['prompt', 'reward'\]",
+        ),
+        (
+            {"prompt": "q", "reward_model": "1"},
+            r"d\.jsonl: line 2: missing column 'reward_model\.ground_truth': 'reward_model' is str, not an "
+            r"object with keys",
+        ),
+    ],
+)
+def test_a_missing_dotted_path_names_file_row_path_and_the_keys_where_it_broke(tmp_path, second, message):
+    first = {"prompt": "p", "reward_model": {"ground_truth": "1"}}
+    with pytest.raises(ValueError, match=message):
+        load_verl(write_jsonl(tmp_path / "d.jsonl", [first, second]))
+
+
+def test_a_missing_dotted_path_in_parquet_names_the_row(tmp_path):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([verl_row("q", "1", extra_info={"index": 0})]), path)
+    with pytest.raises(
+        ValueError,
+        match=r"d\.parquet: row 1: missing column 'extra_info\.uid': 'extra_info' has no key 'uid'; "
+        r"its keys: \['index'\]",
+    ):
+        load_verl(path, id_column="extra_info.uid")
+    assert load_verl(path, id_column="extra_info.index")[0]["id"] == 0
+
+
+def test_a_message_list_prompt_is_kept_as_messages_with_a_canonical_id(tmp_path):
+    row = verl_row("What is 1+1?", "2")
+    out = load_verl(write_jsonl(tmp_path / "d.jsonl", [row]))
+    assert out[0]["prompt"] == row["prompt"]
+    assert out[0]["id"] == canonical_id(row["prompt"])
+    # The same messages with their keys in another order are the same question.
+    reordered = [{"content": m["content"], "role": m["role"]} for m in row["prompt"]]
+    again = load_verl(write_jsonl(tmp_path / "e.jsonl", [{**row, "prompt": reordered}]))
+    assert again[0]["id"] == out[0]["id"]
+
+
+def test_text_prompt_ids_stay_the_text_id_of_the_prompt_next_to_message_prompts(tmp_path):
+    messages = verl_row("What is 1+1?", "2")["prompt"]
+    rows = [{"prompt": "What is 1+1?", "answer": "2"}, {"prompt": messages, "answer": "2"}]
+    for drop in (False, True):
+        out = load_rows(write_jsonl(tmp_path / "d.jsonl", rows), drop_system_prompt=drop)
+        assert out[0]["prompt"] == "What is 1+1?" and out[0]["id"] == text_id("What is 1+1?")
+        assert out[1]["id"] == canonical_id(out[1]["prompt"]) != out[0]["id"]
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ([], r"line 1: column 'prompt' is an empty list of messages"),
+        (["hi"], r"line 1: column 'prompt' message 0 must be an object with 'role' and 'content', got str"),
+        ([{"role": 1, "content": "hi"}], r"line 1: column 'prompt' message 0: 'role' must be text, got int"),
+        ([{"content": "hi"}], r"line 1: column 'prompt' message 0 has no 'role'; its keys: \['content'\]"),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            r"line 1: column 'prompt' message 0: 'content' must be text, got list",
+        ),
+        ([{"role": "user", "content": " "}], r"line 1: column 'prompt' has no text in any message"),
+    ],
+)
+def test_a_malformed_message_list_names_file_row_column_and_message(tmp_path, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        load_rows(write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt, "answer": "1"}]))
+
+
+def test_a_message_without_content_names_file_row_column_and_message_index(tmp_path):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user"}]
+    rows = [
+        {"prompt": [{"role": "user", "content": "q"}], "answer": "1"},
+        {"prompt": messages, "answer": "2"},
+    ]
+    with pytest.raises(
+        ValueError,
+        match=r"d\.jsonl: line 2: column 'prompt' message 1 has no 'content'; its keys: \['role'\]",
+    ):
+        load_rows(write_jsonl(tmp_path / "d.jsonl", rows))
+    # In parquet every message has every key, None where it had none: the same error.
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(
+        ValueError,
+        match=r"d\.parquet: row 2: column 'prompt' message 1 has no 'content'; its keys: \['role'\]",
+    ):
+        load_rows(path)
+
+
+def test_drop_system_prompt_drops_only_the_leading_system_messages(tmp_path):
+    system, user = {"role": "system", "content": "S"}, {"role": "user", "content": "U"}
+    rows = [{"prompt": [system, system, user, system], "answer": "1"}, {"prompt": "text", "answer": "2"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    kept, dropped = load_rows(path), load_rows(path, drop_system_prompt=True)
+    assert kept[0]["prompt"] == [system, system, user, system]
+    assert dropped[0]["prompt"] == [user, system] and dropped[0]["id"] == canonical_id([user, system])
+    assert dropped[1]["prompt"] == "text" and dropped[1]["id"] == text_id("text")
+    with pytest.raises(
+        ValueError, match=r"line 1: column 'prompt' holds only system messages, which drop_system_prompt=True"
+    ):
+        load_rows(
+            write_jsonl(tmp_path / "e.jsonl", [{"prompt": [system], "answer": "1"}]), drop_system_prompt=True
+        )
+
+
+def test_questions_that_differ_only_in_their_system_prompt_are_one_once_it_is_dropped(tmp_path):
+    rows = [verl_row("What is 1+1?", "2", system="A"), verl_row("What is 1+1?", "2", system="B")]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    assert len(load_verl(path)) == 2
+    with pytest.warns(UserWarning, match=r"dropped 1 rows .*: line 2 \(repeats line 1\)"):
+        assert len(load_verl(path, drop_system_prompt=True)) == 1
+    rows[1]["reward_model"]["ground_truth"] = "3"
+    with pytest.raises(ValueError, match=r"line 1 and line 2 have the same prompt but different answers"):
+        load_verl(write_jsonl(tmp_path / "e.jsonl", rows), drop_system_prompt=True)
+
+
+def test_find_row_follows_dotted_paths_and_dropped_system_prompts(tmp_path):
+    rows = [verl_row("What is 1+1?", "2"), verl_row("What is 2+2?", "4")]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    loaded = load_verl(path, drop_system_prompt=True)
+    assert find_row(path, "prompt", loaded[1]["prompt"], drop_system_prompt=True) == "line 2"
+    assert find_row(path, "prompt", loaded[1]["prompt"]) is None  # the file's prompt has its system message
+    assert find_row(path, "reward_model.ground_truth", "4") == "line 2"
+    assert find_row(path, "reward_model.missing", "4") is None

@@ -1,4 +1,5 @@
-"""Tests for the derivation verifier: exact cases, errors, and properties over random sums and derivations."""
+"""Tests for the derivation verifier: exact cases, errors, conversational prompts and completions, and
+properties over random sums and derivations."""
 
 import pytest
 from hypothesis import given
@@ -122,3 +123,10 @@ def test_never_raises_on_completions(any_text, task_like_text, answer):
     for completion in (any_text, task_like_text):
         for check_steps in (False, True):
             assert score(completion, "12-7+30=", str(answer), check_steps) in (0.0, 1.0)
+
+
+def test_a_conversation_is_scored_on_its_text_and_its_last_messages_sum():
+    prompt = [{"role": "system", "content": "Show each step."}, {"role": "user", "content": "12-7+30="}]
+    completions = [[{"role": "assistant", "content": text}] for text in ("12-7=5;5+30=35", "7+30=37;37-2=35")]
+    reward = ReasoningReward(check_steps=True)
+    assert reward(prompts=[prompt, prompt], completions=completions, answer=["35", "35"]) == [1.0, 0.0]

@@ -1,10 +1,18 @@
-"""Tests for the arithmetic, exact-match and format rewards."""
+"""Tests for the arithmetic, exact-match and format rewards, and for every shipped reward given TRL's
+conversational completions."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exgrpo_pl.rewards import ArithmeticReward, ExactMatchReward, FormatReward
+from exgrpo_pl.rewards import (
+    ArithmeticReward,
+    ExactMatchReward,
+    FormatReward,
+    MathVerifyReward,
+    completion_text,
+    compute_rewards,
+)
 
 
 def score(reward, completion, answer):
@@ -93,3 +101,53 @@ def test_format_fullmatch_spans_lines():
 def test_format_invalid_pattern_names_it():
     with pytest.raises(ValueError, match=r"invalid regular expression '\(unclosed'"):
         FormatReward("(unclosed")
+
+
+# Conversational completions (TRL's, for a message-list prompt): one assistant message
+
+
+def said(text):
+    return [{"role": "assistant", "content": text}]
+
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 80+2?"}]
+
+
+def test_completion_text_of_text_and_of_conversations():
+    assert completion_text("82") == "82"
+    assert completion_text(said("82")) == "82"
+    assert completion_text(MESSAGES) == "What is 80+2?"  # a conversational prompt: its last message
+    for bad in ([], [{"role": "assistant"}], {"content": "82"}, None):
+        with pytest.raises(TypeError, match="expected a completion text or a list of messages"):
+            completion_text(bad)
+
+
+@pytest.mark.parametrize(
+    "reward, completions, answers, expected",
+    [
+        (ArithmeticReward(), ["82", "81"], ["82", "82"], [1.0, 0.0]),
+        (ExactMatchReward(), [" Paris", "Rome"], ["paris", "paris"], [1.0, 0.0]),
+        (FormatReward(r"[0-9]+"), ["82", "x"], [None, None], [1.0, 0.0]),
+    ],
+)
+def test_the_shipped_rewards_score_a_conversational_completion_as_its_text(
+    reward, completions, answers, expected
+):
+    prompts = [MESSAGES] * len(completions)
+    assert reward(prompts, [said(c) for c in completions], answer=answers) == expected
+    assert reward(["p"] * len(completions), completions, answer=answers) == expected
+
+
+def test_math_verify_scores_a_conversational_completion_as_its_text():
+    pytest.importorskip("math_verify")
+    reward = MathVerifyReward(timeout_seconds=None)  # checks in this process: no worker to start
+    completions = [said(r"so \boxed{\frac{1}{2}}"), said(r"\boxed{3}")]
+    assert reward([MESSAGES] * 2, completions, answer=["0.5", "4"]) == [1.0, 0.0]
+
+
+def test_a_bad_score_for_a_conversational_completion_names_its_text():
+    def nan_reward(prompts, completions, **columns):
+        return [float("nan")] * len(completions)
+
+    with pytest.raises(ValueError, match=r"returned nan for row 0 \(completion '82'\)"):
+        compute_rewards([nan_reward], None, [MESSAGES], [said("82")], {})
