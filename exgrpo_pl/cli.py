@@ -3,6 +3,7 @@
 exgrpo fit --config configs/quickstart.yaml
 exgrpo fit --config configs/quickstart.yaml --print_config
 exgrpo fit --config configs/quickstart.yaml --ckpt_path last   # resume from the newest complete checkpoint
+exgrpo test --config configs/eval_paper.yaml --ckpt_path X.ckpt # the paper's table of its evaluation sets
 
 A resumed run keeps the options its config files and command line give it, with `--ckpt_path last` as with
 a checkpoint file, and warns listing each option whose value differs from the checkpoint's.
@@ -19,6 +20,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
 from exgrpo_pl.data import PromptDataModule
+from exgrpo_pl.evaluation.report import to_markdown, write_report
 from exgrpo_pl.module import ExGRPOModule
 
 
@@ -92,6 +94,23 @@ class ExGRPOCLI(LightningCLI):
             if path:
                 lines.append(f"  checkpoint:  {path}")
         print("\n".join(lines))
+
+    def after_validate(self) -> None:
+        self._report("validation")
+
+    def after_test(self) -> None:
+        self._report("test")
+
+    def _report(self, name: str) -> None:
+        """Prints the named evaluation sets' table and writes it as JSON and Markdown next to the logs."""
+        table = getattr(self.model, "last_evaluation_table", None)
+        if table is None or not self.trainer.is_global_zero:
+            return
+        print("\n" + to_markdown(table))
+        logger = self.trainer.logger
+        directory = logger.log_dir if logger is not None and logger.log_dir else self.trainer.default_root_dir
+        json_path, markdown_path = write_report(table, directory, name)
+        print(f"  table:       {json_path}\n               {markdown_path}")
 
 
 _OWN_CODE = (Path(__file__).parent, Path(__file__).parents[1] / "callbacks")  # installed, or a checkout

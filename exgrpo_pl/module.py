@@ -93,7 +93,10 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         shaping_beta: beta of policy shaping (paper: 0.1).
         is_truncation: cap of truncated importance sampling.
         val_temperature: sampling temperature of validation pass@1; None = `temperature`, 0 = greedy.
-        val_num_generations: completions sampled per validation prompt; pass@1 is their mean correctness.
+        val_num_generations: completions sampled per validation prompt; pass@1 is their mean correctness. A
+            named evaluation set samples its own `num_samples` (or its file's repeats) instead.
+        val_greedy: also sample one greedy completion of each problem of a named evaluation set, for its
+            greedy pass@1.
         validate_at_start: measure validation pass@1 once before the first update (logged at step 0).
         chat_template: wrap each prompt as a user message with the tokenizer's chat template.
         stop_token_ids: token ids that end a completion besides the tokenizer's EOS, the generation config's
@@ -142,6 +145,7 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         is_truncation: float = 2.0,
         val_temperature: float | None = None,
         val_num_generations: int = 1,
+        val_greedy: bool = False,
         validate_at_start: bool = False,
         chat_template: bool = False,
         stop_token_ids: list[int] | None = None,
@@ -189,14 +193,18 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
-        """Before any training: reject a conflicting strategy config, and prompts the tokenizer cannot encode
-        or that are longer than allowed."""
+        """Before any training or evaluation: reject a conflicting strategy config, and prompts the tokenizer
+        cannot encode or that are longer than allowed."""
         check_strategy(self.trainer, self, self.trainer.datamodule)
         data = self.trainer.datamodule  # set up before the module (Lightning's order)
-        if stage == "fit" and isinstance(data, PromptDataModule):
+        if not isinstance(data, PromptDataModule):
+            return
+        if stage == "fit":
             check_rollout_memory(self.hparams, data.hparams.batch_size, self.trainer.strategy.root_device)
             self.collector.check_prompts(data.train_rows, "training data", data.locate)
-            self.collector.check_prompts(data.val_rows, "validation data", data.locate)
+        self.collector.check_prompts(data.val_rows, "validation data", data.locate)
+        for name, rows in data.eval_rows.items():
+            self.collector.check_prompts(rows, f"evaluation set {name!r}", data.locate)
 
     def configure_model(self) -> None:
         """Build the policy (and the frozen reference when beta > 0) once, inside the strategy's context."""

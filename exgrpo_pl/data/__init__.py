@@ -1,6 +1,7 @@
 """Prompt data: the Lightning datamodule, file loading and the synthetic arithmetic and reasoning tasks."""
 
 from exgrpo_pl.data.datamodule import ExcludingRandomSampler, PromptDataModule, collate_rows
+from exgrpo_pl.data.eval_sets import EvalSet
 from exgrpo_pl.data.loading import load_rows, split_rows
 from exgrpo_pl.data.reasoning import (
     MAX_DERIVATION_LENGTH,
@@ -17,6 +18,7 @@ __all__ = [
     "FAMILIES",
     "MAX_DERIVATION_LENGTH",
     "ArithmeticTask",
+    "EvalSet",
     "ExcludingRandomSampler",
     "PromptDataModule",
     "REASONING_ALPHABET",

@@ -29,6 +29,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from exgrpo_pl.data.eval_sets import COLUMN_OPTIONS, EvalSet, check_names, eval_rows
 from exgrpo_pl.data.loaders import ExcludingRandomSampler, ResumableLoader, RowDataset, collate_rows
 from exgrpo_pl.data.loading import check_answer_from, find_row, load_rows, split_rows
 from exgrpo_pl.data.synthetic import ArithmeticTask
@@ -75,6 +76,9 @@ class PromptDataModule(L.LightningDataModule):
             (`derive_seed("data")`, read when the training loader is built, so a later `seed_everything`
             counts) and the split uses seed 0, so the held-out rows never depend on the run seed.
         drop_last: drop the last incomplete training batch.
+        eval_sets: named evaluation sets, name -> `EvalSet` (a file, a synthetic task, or this module's
+            validation rows), each validated and reported on its own with the paper's metrics besides the
+            plain validation pass@1; see `exgrpo_pl.data.eval_sets`.
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class PromptDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int | None = None,
         drop_last: bool = True,
+        eval_sets: dict[str, EvalSet] | None = None,
     ) -> None:
         super().__init__()
         check_number("PromptDataModule", "val_fraction", val_fraction, 0, 1, high_open=True)
@@ -102,9 +107,12 @@ class PromptDataModule(L.LightningDataModule):
         check_number("PromptDataModule", "num_workers", num_workers, 0, integer=True)
         check_number("PromptDataModule", "seed", seed, integer=True, optional=True)
         check_answer_from(answer_from)
-        # The task object stays out of the hyperparameters: checkpoints must load with weights_only=True.
-        self.save_hyperparameters(ignore=["synthetic"])
+        check_names(eval_sets or {})
+        # Objects stay out of the hyperparameters: checkpoints must load with weights_only=True.
+        self.save_hyperparameters(ignore=["synthetic", "eval_sets"])
         self.synthetic = synthetic
+        self.eval_sets = dict(eval_sets or {})
+        self._eval_rows: dict[str, list[dict[str, Any]]] = {}
         self._excluded: set[int] = set()
         self._start_rows: int | None = None  # active training rows when the run's training began
         self._sampler: ExcludingRandomSampler | None = None  # the latest training loader's
@@ -144,16 +152,27 @@ class PromptDataModule(L.LightningDataModule):
             self._val_rows = self._load(hp.val_path)
         if not rows:
             raise ValueError("no training rows are left after the validation split; lower val_fraction")
+        defaults = {key: hp[key] for key in COLUMN_OPTIONS}
+        self._eval_rows = {
+            name: eval_rows(name, spec, defaults, lambda: self._val_rows)
+            for name, spec in self.eval_sets.items()
+        }
         self._train_rows = rows
 
     def locate(self, row: dict[str, Any]) -> str:
-        """Where a loaded row comes from, for error messages: `"<file>: line 3"` (the training file, else
-        the validation file), or the synthetic task."""
+        """Where a loaded row comes from, for error messages: `"<file>: line 3"` (the training file, the
+        validation file or an evaluation set's file, the first that has it), or the synthetic task."""
         hp = self.hparams
-        for path in (hp.train_path, hp.val_path):
+        sources = [(hp.train_path, hp.prompt_column, hp.drop_system_prompt)]
+        sources.append((hp.val_path, hp.prompt_column, hp.drop_system_prompt))
+        for spec in self.eval_sets.values():
+            column = spec.prompt_column or hp.prompt_column
+            drop = hp.drop_system_prompt if spec.drop_system_prompt is None else spec.drop_system_prompt
+            sources.append((spec.path, column, drop))
+        for path, column, drop in sources:
             if path is None:
                 continue
-            position = find_row(path, hp.prompt_column, row["prompt"], hp.drop_system_prompt)
+            position = find_row(path, column, row["prompt"], drop)
             if position is not None:
                 return f"{path}: {position}"
         task = self.synthetic if self.synthetic is not None else ArithmeticTask()
@@ -170,6 +189,22 @@ class PromptDataModule(L.LightningDataModule):
     def val_rows(self) -> list[dict[str, Any]]:
         """The validation rows (after `setup`); empty when validation is disabled."""
         return self._val_rows
+
+    @property
+    def eval_rows(self) -> dict[str, list[dict[str, Any]]]:
+        """The named evaluation sets' rows (after `setup`), each with `num_samples`."""
+        return self._eval_rows
+
+    @property
+    def val_set_names(self) -> list[str | None]:
+        """The set of each validation loader, in order: None for the plain validation set (when it has rows),
+        then the named evaluation sets."""
+        return ([None] if self._val_rows else []) + list(self._eval_rows)
+
+    @property
+    def out_of_distribution_sets(self) -> set[str]:
+        """The named sets that count towards the out-of-distribution average."""
+        return {name for name, spec in self.eval_sets.items() if spec.out_of_distribution}
 
     @property
     def excluded_question_ids(self) -> frozenset[int]:
@@ -261,11 +296,18 @@ class PromptDataModule(L.LightningDataModule):
         return f"the synthetic task {task!r}"
 
     def val_dataloader(self) -> DataLoader | list:
-        """Validation batches in file order; an empty list (no validation) when there are no rows."""
-        if not self._val_rows:
-            return []
+        """Validation batches in file order: the plain validation set's loader alone, or with named evaluation
+        sets a list of loaders in `val_set_names` order; an empty list (no validation) when there are no
+        rows."""
+        rows = [self._val_rows] if self._val_rows else []
+        loaders = [self._loader(part) for part in rows + list(self._eval_rows.values())]
+        if not self._eval_rows:
+            return loaders[0] if loaders else []
+        return loaders
+
+    def _loader(self, rows: list[dict[str, Any]]) -> DataLoader:
         return DataLoader(
-            RowDataset(self._val_rows),
+            RowDataset(rows),
             batch_size=self.hparams.val_batch_size or self.hparams.batch_size,
             shuffle=False,
             collate_fn=collate_rows,
@@ -276,7 +318,8 @@ class PromptDataModule(L.LightningDataModule):
         )
 
     def test_dataloader(self) -> DataLoader | list:
-        """The held-out split again: `exgrpo test` reports pass@1 on it (there is no separate test file)."""
+        """The validation loaders again: `exgrpo test` reports pass@1 on the held-out split and the paper's
+        metrics on the named evaluation sets."""
         return self.val_dataloader()
 
     def state_dict(self) -> dict[str, Any]:

@@ -276,6 +276,7 @@ def load_rows(
     domain_column: str | None = None,
     answer_from: str = "column",
     drop_system_prompt: bool = False,
+    count_repeats: bool = False,
 ) -> list[dict[str, Any]]:
     """Loads and validates a prompt/answer dataset.
 
@@ -296,12 +297,15 @@ def load_rows(
             (e.g. MATH's `solution`) and takes the content of its last `\\boxed{...}`, nested braces kept.
         drop_system_prompt: drop the leading `system` messages of a message-list prompt (before its id is
             computed); text prompts are unchanged.
+        count_repeats: for an evaluation file, which repeats a problem once per sample it is scored on (the
+            paper's test file holds each AIME and AMC problem 32 times): a repeated row is counted instead
+            of dropped, and every row gets `num_samples`, the number of rows of its question. No warning.
 
     Returns:
         The rows in file order, each question once. Columns not named above keep their names and values.
         A row that repeats an earlier row's question (the same prompt; with `id_column`, the same id) and
         answer is dropped, the earlier row and its other columns kept, with one warning for the file that
-        counts the dropped rows and names the first few.
+        counts the dropped rows and names the first few (`count_repeats` counts them instead).
 
     Raises:
         ValueError: on a line that is not UTF-8 or not JSON, a missing column or dotted path, an empty prompt
@@ -322,6 +326,7 @@ def load_rows(
     rows: list[dict[str, Any]] = []
     first_seen: dict[int, tuple[str, int | str, dict[str, Any]]] = {}  # id -> (position, question, row)
     repeats: list[tuple[str, str]] = []  # (position dropped, position of the row it repeats)
+    samples: dict[int, int] = {}  # id -> rows of that question
     for position, raw in _read(path):
         where = f"{path}: {position}"
         if not isinstance(raw, dict):
@@ -335,6 +340,8 @@ def load_rows(
                 )
         if id_column is None and "id" in raw:
             raise ValueError(f"{where}: has an 'id' column; pass id_column='id' to use it (or drop it)")
+        if count_repeats and "num_samples" in raw:
+            raise ValueError(f"{where}: column 'num_samples' would be replaced by the count of its repeats")
         # A column read by its name is renamed; one a dotted path reads inside stays, whole.
         row = {key: value for key, value in raw.items() if key not in required}
         row["prompt"] = _prompt(values["prompt"], where, prompt_column, drop_system_prompt)
@@ -355,12 +362,17 @@ def load_rows(
                 path, (earlier, position), (earlier_question, question), (earlier_row, row), id_column
             )
             repeats.append((position, earlier))
+            samples[row["id"]] += 1
             continue
         first_seen[row["id"]] = (position, question, row)
+        samples[row["id"]] = 1
         rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
-    if repeats:
+    if count_repeats:
+        for row in rows:
+            row["num_samples"] = samples[row["id"]]
+    elif repeats:
         named = ", ".join(f"{dropped} (repeats {kept})" for dropped, kept in repeats[:5])
         more = f" and {len(repeats) - 5} more" if len(repeats) > 5 else ""
         key = "prompt" if id_column is None else f"{id_column!r}, prompt"

@@ -77,6 +77,7 @@ class ProblemSamples:
             extract answers, and maj@k is then not reported.
         greedy_correct: the greedy completion's correctness, None when none was sampled.
         domain: the problem's domain (its `data_source`), None for a set without domains.
+        question_id: the problem's question id, None where unknown.
     """
 
     correct: list[bool]
@@ -85,6 +86,7 @@ class ProblemSamples:
     answers: list[str | None] | None = None
     greedy_correct: bool | None = None
     domain: str | None = None
+    question_id: int | None = None
 
 
 def summarize(problems: Sequence[ProblemSamples], k: int | None = None) -> dict[str, float]:

@@ -26,6 +26,7 @@ def problem_samples(
     rollouts: RolloutBatch,
     repeats: Sequence[int],
     clipped: torch.Tensor,
+    question_ids: Sequence[int] | None = None,
     answer_of: Callable[[str], str | None] | None = None,
     domains: Sequence[str | None] | None = None,
 ) -> list[ProblemSamples]:
@@ -35,6 +36,7 @@ def problem_samples(
         rollouts: `sum(repeats)` rows, prompt by prompt.
         repeats: samples of each prompt.
         clipped: `[N]` bool, rows cut at the length limit (`clipped_rows`).
+        question_ids: each prompt's question id, or None.
         answer_of: extracts a completion's answer for maj@k (a reward function's `extract_answer`); None:
             no maj@k.
         domains: each prompt's domain, or None.
@@ -56,6 +58,7 @@ def problem_samples(
                 truncated=[bool(t) for t in cut[rows]],
                 answers=answers,
                 domain=domains[i] if domains is not None else None,
+                question_id=question_ids[i] if question_ids is not None else None,
             )
         )
     return problems

@@ -486,3 +486,15 @@ def test_find_row_follows_dotted_paths_and_dropped_system_prompts(tmp_path):
     assert find_row(path, "prompt", loaded[1]["prompt"]) is None  # the file's prompt has its system message
     assert find_row(path, "reward_model.ground_truth", "4") == "line 2"
     assert find_row(path, "reward_model.missing", "4") is None
+
+
+def test_an_evaluation_file_counts_its_repeated_rows_instead_of_dropping_them(tmp_path, recwarn):
+    rows = [{"prompt": "1+1=", "answer": "2"}] * 3 + [{"prompt": "2+2=", "answer": "4"}]
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    loaded = load_rows(path, count_repeats=True)
+    assert [(row["prompt"], row["num_samples"]) for row in loaded] == [("1+1=", 3), ("2+2=", 1)]
+    assert not [w for w in recwarn if "dropped" in str(w.message)]
+    path.write_text(json.dumps({"prompt": "1+1=", "answer": "2", "num_samples": 4}) + "\n")
+    with pytest.raises(ValueError, match=r"eval.jsonl: line 1: column 'num_samples' would be replaced"):
+        load_rows(path, count_repeats=True)
