@@ -4,7 +4,9 @@ update (`validate_at_start`), each sampled on a generator of its own so that it 
 samples.
 
 A named set's problems are sampled k times each (the set's `num_samples`, or as often as the problem's row
-repeats in its file), plus one greedy completion with `val_greedy`. Each rank keeps one `ProblemSamples` per
+repeats in its file), plus one greedy completion with `val_greedy`; maj@k is reported where the first
+reward function extracts answers (`extract_answer(completion_text) -> str | None`, as every shipped verifier
+does). Each rank keeps one `ProblemSamples` per
 problem; at the end of the evaluation they are gathered, every problem counted once (a distributed sampler
 pads a rank's share with repeats), and `exgrpo_pl.evaluation` turns them into `<stage>/<set>/<metric>`,
 `<stage>/<set>/<domain>/<metric>` where a set mixes domains, and the averages of the sets' headline avg@k

@@ -39,6 +39,11 @@ class ArithmeticReward(AnswerReward):
     def __init__(self, name: str = "arithmetic") -> None:
         self.name = name
 
+    def extract_answer(self, completion: str) -> str | None:
+        """The completion's leading integer, canonical (the answer majority voting compares), or None."""
+        got = _LEADING_INTEGER.match(completion)
+        return None if got is None else _canonical(*got.groups())
+
     def score(self, completion: str, answer: Any, row: int) -> float:
         expected = _INTEGER.fullmatch(str(answer))
         if expected is None:

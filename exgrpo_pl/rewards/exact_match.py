@@ -28,6 +28,10 @@ class ExactMatchReward(AnswerReward):
         self.normalize = normalize
         self.name = name
 
+    def extract_answer(self, completion: str) -> str | None:
+        """The completion as it is compared (the answer majority voting compares)."""
+        return _normalize(completion) if self.normalize else completion
+
     def score(self, completion: str, answer: Any, row: int) -> float:
         got, expected = completion, str(answer)
         if self.normalize:

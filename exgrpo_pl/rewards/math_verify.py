@@ -123,6 +123,12 @@ class MathVerifyReward(AnswerReward):
         one it checks rows in the caller, so `compute_rewards` runs it in a worker process under its limit."""
         return self.timeout_seconds is not None
 
+    def extract_answer(self, completion: str) -> str | None:
+        """The content of the completion's last `\\boxed{...}`, whitespace removed (the answer majority
+        voting compares, as text: two forms of one value vote apart), or None."""
+        boxed = extract_boxed(completion)
+        return None if boxed is None else "".join(boxed.split())
+
     def score(self, completion: str, answer: Any, row: int) -> float:
         reference = str(answer)
         predicted = extract_boxed(completion)

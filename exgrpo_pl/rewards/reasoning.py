@@ -123,6 +123,11 @@ class ReasoningReward:
             self.score(completion_text(p), completion_text(c), a, row) for row, (p, c, a) in enumerate(rows)
         ]
 
+    def extract_answer(self, completion: str) -> str | None:
+        """The derivation's result, its last step's (the answer majority voting compares), or None."""
+        steps = parse_steps(completion)
+        return str(steps[-1][2]) if steps else None
+
     def score(self, prompt: str, completion: str, answer: Any, row: int = 0) -> float:
         """1.0 for a correct derivation, else 0.0; `row` is for error messages."""
         expected = "".join(str(answer).split())

@@ -151,3 +151,17 @@ def test_a_bad_score_for_a_conversational_completion_names_its_text():
 
     with pytest.raises(ValueError, match=r"returned nan for row 0 \(completion '82'\)"):
         compute_rewards([nan_reward], None, [MESSAGES], [said("82")], {})
+
+
+def test_the_shipped_rewards_extract_the_answer_majority_voting_compares():
+    from exgrpo_pl.rewards import ArithmeticReward, ExactMatchReward, MathVerifyReward, ReasoningReward
+
+    assert ArithmeticReward().extract_answer(" 082 and more") == "82"
+    assert ArithmeticReward().extract_answer("x") is None
+    assert ReasoningReward().extract_answer("12+3=15;15+4=19") == "19"
+    assert ReasoningReward().extract_answer("no steps") is None
+    assert ExactMatchReward().extract_answer("  Paris \n") == "paris"
+    assert (
+        MathVerifyReward(timeout_seconds=None).extract_answer(r"so \boxed{ \frac{1}{2} }.") == r"\frac{1}{2}"
+    )
+    assert MathVerifyReward(timeout_seconds=None).extract_answer("no box") is None
