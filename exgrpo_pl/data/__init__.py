@@ -7,6 +7,7 @@ from exgrpo_pl.data.reasoning import (
     MAX_DERIVATION_LENGTH,
     REASONING_ALPHABET,
     REASONING_FAMILIES,
+    REASONING_OOD_FAMILIES,
     ReasoningTask,
     write_derivation,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "PromptDataModule",
     "REASONING_ALPHABET",
     "REASONING_FAMILIES",
+    "REASONING_OOD_FAMILIES",
     "ReasoningTask",
     "SyntheticTask",
     "collate_rows",

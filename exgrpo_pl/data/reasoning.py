@@ -7,7 +7,9 @@ policy was of them, which is what ExGRPO's lowest-entropy choice among a questio
 needs.
 
 Questions come in difficulty families (their `domain`): the number of terms, one- or two-digit operands, and
-whether some terms are subtracted. Everything is deterministic in the seed and the configuration, as in
+whether some terms are subtracted. Three more families, with three-digit operands, are never drawn unless
+asked for (`REASONING_OOD_FAMILIES`): larger numbers than any training question, an out-of-distribution set
+for a policy trained on the others. Everything is deterministic in the seed and the configuration, as in
 `ArithmeticTask`: the same arguments give the same rows with the same ids, whatever split is taken later.
 """
 
@@ -23,19 +25,26 @@ from exgrpo_pl.validation import check_number
 REASONING_ALPHABET = "0123456789+-=;"
 """Every character a prompt or derivation of the task can contain (tokenizers are built over it)."""
 
-# family -> (number of terms, two-digit operands?, some terms subtracted?)
-_FAMILIES: dict[str, tuple[int, bool, bool]] = {
-    "add2_1d": (2, False, False),
-    "add3_1d": (3, False, False),
-    "add4_1d": (4, False, False),
-    "mix3_1d": (3, False, True),
-    "mix4_1d": (4, False, True),
-    "add2_2d": (2, True, False),
-    "add3_2d": (3, True, False),
-    "mix3_2d": (3, True, True),
+# family -> (number of terms, digits of the operands, some terms subtracted?)
+_FAMILIES: dict[str, tuple[int, int, bool]] = {
+    "add2_1d": (2, 1, False),
+    "add3_1d": (3, 1, False),
+    "add4_1d": (4, 1, False),
+    "mix3_1d": (3, 1, True),
+    "mix4_1d": (4, 1, True),
+    "add2_2d": (2, 2, False),
+    "add3_2d": (3, 2, False),
+    "mix3_2d": (3, 2, True),
+    # Out of distribution: drawn only when named. Each derivation fits MAX_DERIVATION_LENGTH
+    # ("999+999=1998;1998+999=2997" is 26 characters).
+    "add2_3d": (2, 3, False),
+    "mix2_3d": (2, 3, True),
+    "add3_3d": (3, 3, False),
 }
-REASONING_FAMILIES = tuple(_FAMILIES)
-"""All difficulty families, roughly easiest first within each operand size."""
+REASONING_OOD_FAMILIES = ("add2_3d", "mix2_3d", "add3_3d")
+"""Families with three-digit operands, which a task draws only when asked: an out-of-distribution set."""
+REASONING_FAMILIES = tuple(name for name in _FAMILIES if name not in REASONING_OOD_FAMILIES)
+"""The families a task draws by default, roughly easiest first within each operand size."""
 
 MAX_DERIVATION_LENGTH = 28
 """The longest derivation `write_derivation` writes for a question of the task: "9-9-9-9=" from its negatives,
@@ -77,7 +86,8 @@ class ReasoningTask(GeneratedTask):
     """A fixed, seeded set of distinct sum questions whose answers are step-by-step derivations.
 
     Each question picks a family uniformly among those not yet exhausted (the one-digit families hold 100 to
-    70,000 distinct questions), then operands uniformly: one-digit ones 0-9, two-digit ones 10-99; in the
+    70,000 distinct questions), then operands uniformly: one-digit ones 0-9, two-digit ones 10-99,
+    three-digit ones 100-999; in the
     "mix" families each term after the first is subtracted with probability 1/2, redrawn until at least one
     is. Ids are 0..num_questions-1 in generation order. Rows are `{"id", "prompt", "answer", "domain"}` with
     the final result as `answer`: any correct derivation earns the reward.
@@ -85,7 +95,8 @@ class ReasoningTask(GeneratedTask):
     Args:
         num_questions: how many distinct questions to generate.
         seed: seeds generation and `split`.
-        families: which families (see `REASONING_FAMILIES`) to use; None uses all.
+        families: which families to use (`REASONING_FAMILIES`, or the out-of-distribution
+            `REASONING_OOD_FAMILIES`); None uses `REASONING_FAMILIES`.
 
     Raises:
         ValueError: on an invalid argument, or if the families hold fewer than `num_questions` questions.
@@ -99,15 +110,15 @@ class ReasoningTask(GeneratedTask):
         families = REASONING_FAMILIES if families is None else tuple(families)
         for name in families:
             if name not in _FAMILIES:
-                known = ", ".join(REASONING_FAMILIES)
+                known = ", ".join(_FAMILIES)
                 raise ValueError(f"ReasoningTask: unknown family {name!r}; known: {known}")
         if not families:
             raise ValueError("ReasoningTask: no families selected")
         super().__init__(num_questions, seed, families)
 
     def _question(self, rng: random.Random, family: str) -> tuple[str, int]:
-        num_terms, two_digit, subtract = _FAMILIES[family]
-        low, high = (10, 99) if two_digit else (0, 9)
+        num_terms, digits, subtract = _FAMILIES[family]
+        low, high = (0, 9) if digits == 1 else (10 ** (digits - 1), 10**digits - 1)
         # rng.random() only: unlike randrange, its stream is guaranteed across Python versions.
         magnitudes = [low + int(rng.random() * (high - low + 1)) for _ in range(num_terms)]
         ops = ["+"] * (num_terms - 1)

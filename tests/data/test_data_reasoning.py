@@ -15,6 +15,7 @@ from exgrpo_pl.data import (
     MAX_DERIVATION_LENGTH,
     REASONING_ALPHABET,
     REASONING_FAMILIES,
+    REASONING_OOD_FAMILIES,
     PromptDataModule,
     ReasoningTask,
     write_derivation,
@@ -60,6 +61,21 @@ def test_every_family_present_with_its_meaning():
         assert all(low <= abs(t) <= high for t in terms)
         assert terms[0] >= 0
         assert ("-" in row["prompt"]) == family.startswith("mix")
+
+
+def test_the_out_of_distribution_families_are_larger_numbers_drawn_only_when_named():
+    assert not set(REASONING_OOD_FAMILIES) & set(REASONING_FAMILIES)
+    assert not {row["domain"] for row in ROWS} & set(REASONING_OOD_FAMILIES)
+    rows = ReasoningTask(num_questions=600, seed=1, families=REASONING_OOD_FAMILIES).rows()
+    assert {row["domain"] for row in rows} == set(REASONING_OOD_FAMILIES)
+    reward, rng = ReasoningReward(check_steps=True), random.Random(0)
+    for row in rows:
+        terms = parse_terms(row["prompt"])
+        assert len(terms) == int(row["domain"][3]) and all(100 <= abs(t) <= 999 for t in terms)
+        assert ("-" in row["prompt"]) == row["domain"].startswith("mix")
+        derivation = write_derivation(row["prompt"], rng=rng)
+        assert len(derivation) <= MAX_DERIVATION_LENGTH  # fits the budget the policy trains with
+        assert reward([row["prompt"]], [derivation], answer=[row["answer"]]) == [1.0]
 
 
 def test_families_select():
