@@ -127,8 +127,10 @@ class PassRateEvaluation:
                 for domain in sorted(domains, key=str):
                     subset = [p for p in unique.values() if p.domain == domain]
                     results[f"{name}/{domain}"] = summarize(subset)
-        ood = getattr(self.trainer.datamodule, "out_of_distribution_sets", ())
-        table = build_table(results, [name for name in ood if name in results])
+        data = self.trainer.datamodule
+        ood = getattr(data, "out_of_distribution_sets", ())
+        by_domain = getattr(data, "sets_averaged_by_domain", ())
+        table = build_table(results, [n for n in ood if n in results], [n for n in by_domain if n in results])
         self.last_evaluation_table = table
         metrics = {
             f"{stage}/{row}/{metric}": value

@@ -1,9 +1,11 @@
 """Shared test pieces: a tiny random causal LM saved with `save_pretrained` (as a user's checkpoint would be),
-and the tiny GRPO module most Trainer tests train; `is_gone` for tests of worker processes; a CPU stand-in
-for Lightning's DeepSpeed strategy."""
+and the tiny GRPO module most Trainer tests train; the verl-layout sample file and a tiny model that reads
+it; `is_gone` for tests of worker processes; a CPU stand-in for Lightning's DeepSpeed strategy."""
 
 import os
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
@@ -61,3 +63,23 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
 
     def setup_environment(self) -> None:
         DDPStrategy.setup_environment(self)  # skips DeepSpeedStrategy's isinstance(CUDAAccelerator) check
+
+
+VERL = Path(__file__).parent / "data" / "samples" / "verl" / "verl_math.parquet"
+
+
+@pytest.fixture(scope="session")
+def verl_model_dir(tmp_path_factory):
+    """A tiny Llama whose character tokenizer (no chat template) reads every character of the verl sample's
+    messages and the newline that joins them."""
+    contents = {message["content"] for row in pq.read_table(VERL).to_pylist() for message in row["prompt"]}
+    tokenizer = build_char_tokenizer(
+        "".join(sorted(set("".join(contents)) | set("\n" + ARITHMETIC_ALPHABET)))
+    )
+    torch.manual_seed(0)
+    config = tiny_llama_config(len(tokenizer), hidden_size=32, num_layers=1)
+    config.max_position_embeddings = 128  # the longest question is 67 characters, plus the completion
+    path = tmp_path_factory.mktemp("verl-model")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -2,19 +2,16 @@
 (rendered with the chat template, conversational completions for the reward functions), in a real run too."""
 
 import warnings
-from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import tiny_module
+from conftest import VERL, tiny_module
 from lightning.pytorch import Trainer
-from transformers import LlamaForCausalLM
 
 from exgrpo_pl.collect import RolloutCollector
 from exgrpo_pl.data import ARITHMETIC_ALPHABET, PromptDataModule
 from exgrpo_pl.engines import Completions, SamplingConfig
-from exgrpo_pl.models import build_char_tokenizer, tiny_llama_config
+from exgrpo_pl.models import build_char_tokenizer
 from exgrpo_pl.rewards import ArithmeticReward, FormatReward
 
 TOKENIZER = build_char_tokenizer(ARITHMETIC_ALPHABET)
@@ -234,26 +231,6 @@ def test_reward_functions_get_conversational_completions_for_message_prompts():
     assert out.completions == ["3", "4", "15", "15"] and out.prompts == prompts  # the rollouts keep the text
     ((prompt_ids, prompt_mask),) = engine.seen
     assert TOKENIZER.decode(prompt_ids[0][prompt_mask[0]]) == "1+2="
-
-
-VERL = Path(__file__).parent / "data" / "samples" / "verl" / "verl_math.parquet"
-
-
-@pytest.fixture(scope="module")
-def verl_model_dir(tmp_path_factory):
-    """A tiny Llama whose character tokenizer (no chat template) reads every character of the verl sample's
-    messages and the newline that joins them."""
-    contents = {message["content"] for row in pq.read_table(VERL).to_pylist() for message in row["prompt"]}
-    tokenizer = build_char_tokenizer(
-        "".join(sorted(set("".join(contents)) | set("\n" + ARITHMETIC_ALPHABET)))
-    )
-    torch.manual_seed(0)
-    config = tiny_llama_config(len(tokenizer), hidden_size=32, num_layers=1)
-    config.max_position_embeddings = 128  # the longest question is 67 characters, plus the completion
-    path = tmp_path_factory.mktemp("verl-model")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
 
 
 class ConversationRecorder(RecordingReward):

@@ -4,13 +4,18 @@ and the ID/OOD averages, and `exgrpo test` printing and writing the table."""
 
 import json
 from collections import defaultdict
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-from conftest import tiny_module
+from conftest import VERL, tiny_module
 from lightning.pytorch import Trainer, seed_everything
 
 from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, EvalSet, PromptDataModule
+
+CONFIGS = Path(__file__).parents[1] / "configs"
 
 
 class FirstCharacter:
@@ -137,3 +142,34 @@ def test_exgrpo_test_prints_the_table_and_writes_it_next_to_the_logs(tmp_path, t
     table = json.loads(written.read_text())
     assert {"rep", "rep/small", "rep/large", "ood"} <= set(table["rows"])
     assert (written.parent / "test.md").read_text() in out
+
+
+def test_the_papers_evaluation_config_runs_on_its_file_layout(tmp_path, verl_model_dir, monkeypatch, capsys):
+    """configs/eval_paper.yaml as shipped, on files laid out as the paper's (its data/ paths, verl rows, the
+    AIME problems repeated), with a tiny model on the CPU: every set reported, and the in-distribution
+    average over the mixed file's benchmarks."""
+    rows = pq.read_table(VERL).to_pylist()
+    in_distribution = [row for row in rows for _ in range(4 if row["data_source"] == "aime24" else 1)]
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.Table.from_pylist(in_distribution), tmp_path / "data" / "test.id.parquet")
+    for name, source in [("arc_c", "arc_c"), ("gpqa", "gpqa"), ("mmlu_pro", "mmlu_pro")]:
+        choices = [{**row, "data_source": source, "reward_model": {"ground_truth": "A", "style": "rule"}}
+                   for row in rows[:2]]  # fmt: skip
+        pq.write_table(pa.Table.from_pylist(choices), tmp_path / "data" / f"valid.{name}.parquet")
+    monkeypatch.chdir(tmp_path)  # the config's paths are relative to where exgrpo runs
+    main([
+        "test", "--config", str(CONFIGS / "eval_paper.yaml"), f"--model.model_name_or_path={verl_model_dir}",
+        "--model.chat_template=false", "--model.dtype=float32", "--model.attn_implementation=eager",
+        "--model.max_completion_length=3", "--trainer.accelerator=cpu", "--trainer.precision=32-true",
+        "--data.synthetic=exgrpo_pl.data.ArithmeticTask", "--data.synthetic.num_questions=40",
+        f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    (written,) = tmp_path.glob("lightning_logs/*/test.json")
+    table = json.loads(written.read_text())
+    assert table["rows"]["in_distribution/aime24"]["problems"] == 3
+    assert "avg@4" in table["rows"]["in_distribution/aime24"] and "avg@1" in table["rows"]["arc_c"]
+    domains = [f"in_distribution/{source}" for source in ("aime24", "amc23", "math500", "gsm8k")]
+    expected = sum(table["rows"][name]["score"] for name in domains) / 4
+    assert table["averages"]["in-distribution"] == pytest.approx(expected)
+    assert {"arc_c", "gpqa_diamond", "mmlu_pro"} <= set(table["rows"]) and "| average (all) |" in out

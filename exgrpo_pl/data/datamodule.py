@@ -207,6 +207,11 @@ class PromptDataModule(L.LightningDataModule):
         return {name for name, spec in self.eval_sets.items() if spec.out_of_distribution}
 
     @property
+    def sets_averaged_by_domain(self) -> set[str]:
+        """The named sets whose domains count as benchmarks of their own in the averages."""
+        return {name for name, spec in self.eval_sets.items() if spec.average_by_domain}
+
+    @property
     def excluded_question_ids(self) -> frozenset[int]:
         """The retired question ids."""
         return frozenset(self._excluded)

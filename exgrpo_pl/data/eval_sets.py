@@ -38,6 +38,9 @@ class EvalSet:
             of each problem's rows, or the module's `val_num_generations` where there is none.
         out_of_distribution: the set counts towards the out-of-distribution average, not the in-distribution
             one.
+        average_by_domain: the set holds several benchmarks, one per domain (the paper's in-distribution file
+            mixes six): the averages take each domain's score as a benchmark's, not the set's own score,
+            which weighs every problem alike.
         prompt_column: as `PromptDataModule`'s; None takes the data module's. So do the next five.
         answer_column: the answer column, a dotted path allowed (`reward_model.ground_truth`).
         id_column: the question id column.
@@ -51,6 +54,7 @@ class EvalSet:
     synthetic: SyntheticTask | None = None
     num_samples: int | None = None
     out_of_distribution: bool = False
+    average_by_domain: bool = False
     prompt_column: str | None = None
     answer_column: str | None = None
     id_column: str | None = None

@@ -32,26 +32,36 @@ def headline(metrics: Mapping[str, float]) -> float:
     return metrics[name]
 
 
-def build_table(results: Mapping[str, Mapping[str, float]], out_of_distribution: Iterable[str] = ()) -> dict:
+def build_table(
+    results: Mapping[str, Mapping[str, float]],
+    out_of_distribution: Iterable[str] = (),
+    by_domain: Iterable[str] = (),
+) -> dict:
     """The table of `results` (set or "set/domain" -> metrics), each row led by its headline (`score`), with
     the averages of the sets' headlines.
 
-    A "set/domain" row is shown under its set and left out of the averages, which are over whole sets: the
-    in-distribution ones, the out-of-distribution ones (`out_of_distribution` names them) and all.
+    The averages are over benchmarks, as the paper's: a set is one benchmark, and its "set/domain" rows are
+    shown under it, unless `by_domain` names it: then each of its domains is one (the paper's mixed test
+    file). They are taken over the in-distribution benchmarks, the out-of-distribution ones (the sets that
+    `out_of_distribution` names) and all.
 
     Returns:
         `{"rows": {name: {"score": headline, **metrics}}, "averages": {"in-distribution": x,
         "out-of-distribution": y, "all": z}}`, an average left out where it has no set.
     """
-    ood = set(out_of_distribution)
-    unknown = ood - set(results)
+    ood, split = set(out_of_distribution), set(by_domain)
+    unknown = (ood | split) - set(results)
     if unknown:
-        raise ValueError(f"out_of_distribution names sets with no results: {sorted(unknown)}")
-    whole = {name: headline(metrics) for name, metrics in results.items() if "/" not in name}
+        raise ValueError(f"out_of_distribution or by_domain name sets with no results: {sorted(unknown)}")
+    benchmarks = {  # name -> (its set, headline)
+        name: (name.split("/")[0], headline(metrics))
+        for name, metrics in results.items()
+        if ("/" in name) == (name.split("/")[0] in split)
+    }
     groups = {
-        "in-distribution": [v for name, v in whole.items() if name not in ood],
-        "out-of-distribution": [v for name, v in whole.items() if name in ood],
-        "all": list(whole.values()),
+        "in-distribution": [v for s, v in benchmarks.values() if s not in ood],
+        "out-of-distribution": [v for s, v in benchmarks.values() if s in ood],
+        "all": [v for _, v in benchmarks.values()],
     }
     averages = {group: sum(values) / len(values) for group, values in groups.items() if values}
     rows = {name: {"score": headline(metrics), **metrics} for name, metrics in results.items()}

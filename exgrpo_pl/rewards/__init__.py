@@ -10,9 +10,11 @@ from exgrpo_pl.rewards.base import (
     compute_rewards,
     reward_name,
 )
+from exgrpo_pl.rewards.by_source import RewardBySource
 from exgrpo_pl.rewards.exact_match import ExactMatchReward
 from exgrpo_pl.rewards.format import FormatReward
 from exgrpo_pl.rewards.math_verify import MathVerifyReward, extract_boxed
+from exgrpo_pl.rewards.multiple_choice import MultipleChoiceReward, option_label
 from exgrpo_pl.rewards.reasoning import ReasoningReward
 
 __all__ = [
@@ -21,12 +23,15 @@ __all__ = [
     "ExactMatchReward",
     "FormatReward",
     "MathVerifyReward",
+    "MultipleChoiceReward",
     "ReasoningReward",
+    "RewardBySource",
     "RewardFunction",
     "RewardNotSendableError",
     "RewardTimeoutError",
     "completion_text",
     "compute_rewards",
     "extract_boxed",
+    "option_label",
     "reward_name",
 ]

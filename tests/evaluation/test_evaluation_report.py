@@ -24,8 +24,18 @@ def test_averages_are_over_whole_sets_split_by_distribution():
 
 
 def test_an_unknown_out_of_distribution_set_is_an_error():
-    with pytest.raises(ValueError, match=r"out_of_distribution names sets with no results: \['arc'\]"):
+    with pytest.raises(
+        ValueError, match=r"out_of_distribution or by_domain name sets with no results: \['arc'\]"
+    ):
         build_table(RESULTS, out_of_distribution=["arc"])
+
+
+def test_a_mixed_set_averaged_by_domain_counts_each_domain_as_a_benchmark():
+    results = {**RESULTS, "math500/geometry": {"avg@1": 0.5, "problems": 400.0}}
+    table = build_table(results, out_of_distribution=["gpqa"], by_domain=["math500"])
+    # aime24, math500/algebra and math500/geometry in distribution; math500's own score is left out.
+    assert table["averages"]["in-distribution"] == pytest.approx((0.25 + 0.9 + 0.5) / 3)
+    assert table["averages"]["all"] == pytest.approx((0.25 + 0.9 + 0.5 + 0.3) / 4)
 
 
 def test_markdown_and_json_land_next_to_each_other(tmp_path):
