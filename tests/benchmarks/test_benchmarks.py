@@ -77,6 +77,31 @@ def test_learning_benchmark(bench):
         ).exists()
 
 
+def test_learning_yardstick_benchmark(bench):
+    names = ("GRPO", "ExGRPO recommended")
+    out = bench(
+        "learning_yardstick", "--tasks", "reasoning", "--variants", *names, "--seeds", "1", "--steps", "3"
+    )
+    result = json.loads((out / "learning_yardstick.json").read_text())
+    for name in names:
+        (run,) = result["reasoning"][name]
+        assert run["curve"][-1][0] == 3  # the final weights of a 3-step run of learning.py's
+        for name in ("id", "ood"):
+            assert {"avg@4", "greedy_pass@1", "pass@4"} <= set(run["final"][name])
+        assert run["final"]["ood"]["problems"] == 500
+        assert run["final"]["id"]["samples"] == 4 * run["final"]["id"]["problems"]
+
+
+def test_evaluation_speed_benchmark(bench):
+    out = bench("evaluation_speed", "--rounds", "1", "--problems", "16", "--steps", "1")
+    result = json.loads((out / "evaluation_speed.json").read_text())
+    (figures,) = result["rounds"]
+    assert figures["ratio"] == pytest.approx(
+        figures["eval_completions_per_s"] / figures["train_completions_per_s"]
+    )
+    assert result["problems"] == 16 and result["samples"] == 4
+
+
 def test_memory_benchmark(bench):
     out = bench("memory", "--quick", "--no-baseline", "--stored", "64")
     result = json.loads((out / "memory_quick.json").read_text())["cpu"]
