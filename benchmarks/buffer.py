@@ -1,15 +1,21 @@
-"""TrajectoryBuffer at scale: add throughput, sample(size=256) latency per strategy, memory vs raw payload.
+"""TrajectoryBuffer at scale: add throughput, sample(size=256) latency per strategy, memory vs raw payload,
+and the memory of the questions' dataset columns.
 
 Fills a buffer with N trajectories of 512 completion tokens (64-token prompts), K = 8 per question with
-Bernoulli rewards of a per-question success rate, then times `sample` for every strategy and measures the
-resident memory the buffer added against the raw payload (token ids as int32 + behaviour log-probs as
-float32), once full and again after adding half as many more (the oldest evicted: holes and compaction).
+Bernoulli rewards of a per-question success rate, each question with the dataset columns of a verl row (the
+paper's data, loaded with `answer_column="reward_model.ground_truth"`: `answer`, `data_source`, `ability`,
+`reward_model`, `extra_info`), then times `sample` for every strategy and measures the resident memory the
+buffer added against the raw payload (token ids as int32 + behaviour log-probs as float32), once full and
+again after adding half as many more (the oldest evicted: holes and compaction). The columns are kept once
+per question; their figures: the Python objects one question's take (`sys.getsizeof` over the copies the
+buffer holds, each question's counted whole, as rows parsed from a file have their own strings), their
+total at the full buffer, their bytes in a checkpoint, and the time `add` spends checking and copying them.
 While adding that second half, each add is followed by one timed `sample` (strategies in turn): the
 latency a training step sees, which includes catching up with the add (the bucketer's rate order).
 Latencies are wall time and the process's CPU time; on a shared machine the two part when other processes
 hold the cores. torch runs on one thread: the buffer is single-threaded NumPy, and torch's idle workers,
 woken by this script's own data generation, would otherwise spin next to it and be counted in its CPU
-time. Targets: sample p50 <= 2 ms at 100K; memory <= 1.2x the raw payload.
+time. Targets: sample p50 <= 2 ms at 100K; memory <= 1.2x the raw payload (the columns included).
 Writes benchmarks/results/buffer.{json,png}.
 
     python benchmarks/buffer.py --quick        # 20K trajectories
@@ -20,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import io
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +42,22 @@ from exgrpo_pl.difficulty import DifficultyBucketer
 
 RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
 PROMPT, COMPLETION, K, CHUNK = 64, 512, 8, 256
+SOURCES = ("openr1_math", "aime24", "amc23", "math500")
+
+
+def verl_columns(question: int) -> dict:
+    """One question's dataset columns as a verl row loads (`tests/data/samples/verl`), with a ground truth
+    such as "24", "\\frac{3}{4}", "5\\sqrt{2}" or "(1, 7)"."""
+    a, b = question % 997, question % 89 + 2
+    truth = (str(a), f"\\frac{{{a}}}{{{b}}}", f"{a}\\sqrt{{{b}}}", f"({a}, {b})")[question % 4]
+    source = SOURCES[question % len(SOURCES)]
+    return {
+        "answer": truth,
+        "data_source": source,
+        "ability": "math",
+        "reward_model": {"ground_truth": truth, "style": "rule"},
+        "extra_info": {"index": question, "split": "train"},
+    }
 
 
 def rss_bytes() -> int:
@@ -50,6 +74,8 @@ def make_chunk(first_question: int, generator: torch.Generator) -> RolloutBatch:
     lengths = torch.randint(COMPLETION // 2, COMPLETION + 1, (n,), generator=generator)
     lengths[::4] = COMPLETION  # a quarter use the whole budget
     completion_mask = torch.arange(COMPLETION).unsqueeze(0) < lengths.unsqueeze(1)
+    # One row's values per question, repeated K times by reference, as the collector repeats them.
+    rows = [verl_columns(q) for q in questions[::K].tolist() for _ in range(K)]
     return RolloutBatch(
         question_ids=questions,
         prompt_ids=torch.randint(3, 30000, (n, PROMPT), generator=generator),
@@ -66,8 +92,48 @@ def make_chunk(first_question: int, generator: torch.Generator) -> RolloutBatch:
         group_size=K,
         prompts=["p"] * n,
         completions=["c"] * n,
-        answers=["a"] * n,
+        answers=[row["answer"] for row in rows],
+        columns={key: [row[key] for row in rows] for key in rows[0]},
     )
+
+
+def deep_size(value, seen: set[int]) -> int:
+    """Bytes of the Python objects `value` is made of (`sys.getsizeof`), each object in `seen` once."""
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    size = sys.getsizeof(value)
+    if isinstance(value, dict):
+        size += sum(deep_size(k, seen) + deep_size(v, seen) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        size += sum(deep_size(item, seen) for item in value)
+    return size
+
+
+def column_figures(buffer: TrajectoryBuffer, generator: torch.Generator) -> dict:
+    """The per-question dataset columns of the (full) buffer: Python bytes per question and in all, bytes
+    in a checkpoint, and the time `add` spends checking and copying them (on 32 more chunks).
+
+    Measured after the memory and the latencies: its garbage (a checkpoint's worth of bytes among it) would
+    change how the allocator serves the buffer's large arrays, and so what they cost."""
+    copy_seconds = []
+    for i in range(32):
+        chunk = make_chunk(10**9 + i * CHUNK // K, generator)  # questions never added
+        started = time.perf_counter()
+        chunk.question_columns(range(CHUNK))
+        copy_seconds.append(time.perf_counter() - started)
+    questions = buffer.policy_snapshot["question_ids"].unique().tolist()
+    columns = [buffer.question_columns(q) for q in questions]
+    per_question = [deep_size(value, set()) for value in columns]
+    saved = io.BytesIO()  # the state dict's entries, without the rest of the state
+    torch.save({"column_question_ids": torch.tensor(questions), "columns": columns}, saved)
+    return {
+        "questions": len(questions),
+        "bytes_per_question": float(np.mean(per_question)),
+        "total_bytes": float(np.sum(per_question) + sys.getsizeof(dict.fromkeys(questions))),  # + the table
+        "checkpoint_bytes_per_question": saved.tell() / len(questions),
+        "copy_us_per_question": 1e6 * float(np.median(copy_seconds)) / (CHUNK // K),
+    }
 
 
 def main() -> None:
@@ -127,6 +193,7 @@ def main() -> None:
             "after_add_calls": len(after_wall),
             "rows": len(buffer.sample(strategy, size=256, generator=sampler)),
         }
+    columns = column_figures(buffer, generator)
 
     print(
         f"buffer of {len(buffer)} trajectories ({PROMPT}-token prompts, up to {COMPLETION}-token completions)"
@@ -135,6 +202,11 @@ def main() -> None:
     print(f"memory: {used / 2**20:,.0f} MiB resident for {payload / 2**20:,.0f} MiB raw payload "
           f"= {used / payload:.2f}x full, {churned_used / churned_payload:.2f}x after evicting "
           f"{len(add_seconds) - chunks} x {CHUNK} (target <= 1.2x)")  # fmt: skip
+    print(f"dataset columns of a verl row, kept once per question: {columns['bytes_per_question']:,.0f} B "
+          f"per question, {columns['total_bytes'] / 2**20:,.1f} MiB for the {columns['questions']:,} "
+          f"questions of the full buffer; {columns['checkpoint_bytes_per_question']:,.0f} B per question in "
+          f"a checkpoint; add checks and copies them in {columns['copy_us_per_question']:.1f} us per "
+          "question")  # fmt: skip
     print(f"sample(size=256): {args.samples} calls per strategy; 'after add': one call after each of "
           f"the last {len(add_seconds) - chunks} adds, strategies in turn (target p50 <= 2 ms)")  # fmt: skip
     print(f"{'strategy':32s} {'p50 ms':>8s} {'p99 ms':>8s} {'CPU p50':>8s} {'after add p50':>14s} "
@@ -146,7 +218,7 @@ def main() -> None:
     suffix = "_quick" if args.quick else ""
     result = {"size": len(buffer), "add_per_s": fill_rate, "add_per_s_when_full": churn_rate,
               "memory_ratio": used / payload, "memory_ratio_after_eviction": churned_used / churned_payload,
-              "sample": latencies}  # fmt: skip
+              "columns": columns, "sample": latencies}  # fmt: skip
     (RESULTS / f"buffer{suffix}.json").write_text(json.dumps(result, indent=1))
     _plot(latencies, len(buffer), RESULTS / f"buffer{suffix}.png")
 

@@ -7,13 +7,17 @@ too.
 
 Layout: rows are trajectories. Prompts are left-padded (generation appends on the right), completions are
 right-padded. Rows that share a question sit next to each other in groups of `group_size`.
+
+`stored_column_value` says what a dataset column's value may be for the buffer to keep it (what a checkpoint
+loaded with `torch.load(weights_only=True)` reads back) and copies it.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -67,6 +71,10 @@ class RolloutBatch:
         completions: `N` decoded completion strings.
         answers: `N` reference answers (the dataset's answer column).
         domains: optional `N` task/domain names, for per-domain difficulty statistics.
+        columns: optional dataset columns of each row's question, column name -> `N` values, as the reward
+            functions received them (TRL's keyword arguments: `answer`, `solution`, verl's `extra_info`, ...,
+            `domain` included). The buffer keeps them once per question, and a replayed question's fresh
+            rollouts are scored with them. None: the batch carries none (only `answers` and `domains`).
     """
 
     question_ids: Tensor
@@ -86,6 +94,7 @@ class RolloutBatch:
     completions: list[str] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
     domains: list[str] | None = None
+    columns: dict[str, list[Any]] | None = None
 
     def __post_init__(self) -> None:
         for name, example in _BOOL_FIELDS.items():
@@ -101,6 +110,9 @@ class RolloutBatch:
             value = getattr(self, name)
             if value is not None and len(value) not in (0, n):
                 raise ValueError(f"RolloutBatch.{name} has {len(value)} entries, question_ids has {n}")
+        for key, values in (self.columns or {}).items():
+            if len(values) != n:
+                raise ValueError(f"RolloutBatch.columns[{key!r}] has {len(values)} values for {n} rows")
         if self.group_size < 1 or n % self.group_size:
             raise ValueError(f"RolloutBatch of {n} rows cannot be split into groups of {self.group_size}")
 
@@ -126,7 +138,29 @@ class RolloutBatch:
         for name in _LIST_FIELDS:
             value = getattr(self, name)
             values[name] = None if value is None else ([value[i] for i in rows] if value else [])
+        if self.columns is not None:
+            values["columns"] = {key: [column[i] for i in rows] for key, column in self.columns.items()}
         return replace(self, group_size=group_size, **values)
+
+    def question_columns(self, rows: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """Each question's dataset columns among `rows`, as copies the buffer can keep: question id ->
+        {column: `stored_column_value`}, from the question's last row in `rows` (its rows hold the same
+        values). Empty when the batch carries no columns.
+
+        Raises:
+            TypeError: a value holds something a checkpoint cannot (see `stored_column_value`).
+        """
+        if self.columns is None:
+            return {}
+        question_ids = self.question_ids.tolist()
+        last_row = {question_ids[r]: r for r in rows}
+        return {
+            question: {
+                key: stored_column_value(values[r], f"column {key!r} of question_id={question}")
+                for key, values in self.columns.items()
+            }
+            for question, r in last_row.items()
+        }
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         return replace(self, **{name: getattr(self, name).to(device) for name in _TENSOR_FIELDS})
@@ -169,7 +203,66 @@ class RolloutBatch:
                 values[name] = [item for part in parts for item in part]
             else:  # a batch without texts next to one with them: "" per row keeps one entry per row
                 values[name] = [item for b, part in zip(batches, parts) for item in (part or [""] * len(b))]
+        values["columns"] = _cat_columns(batches)
         return RolloutBatch(group_size=group_size, **values)
+
+
+def _cat_columns(batches: Sequence[RolloutBatch]) -> dict[str, list[Any]] | None:
+    """The batches' columns concatenated: the union of their keys, None where a batch lacks a key (as a
+    dataset holds None where a row lacks a column); None when no batch carries columns."""
+    if all(b.columns is None for b in batches):
+        return None
+    keys = dict.fromkeys(key for b in batches for key in (b.columns or {}))
+    return {
+        key: [value for b in batches for value in (b.columns or {}).get(key, [None] * len(b))] for key in keys
+    }
+
+
+# A stored column value is built of these exact types (a subclass, e.g. NumPy's float64, pickles as itself,
+# which `torch.load(weights_only=True)` refuses), tensors, and lists, tuples and dicts of them.
+_PRIMITIVES = (type(None), bool, int, float, str)
+
+
+def stored_column_value(value: Any, where: str, path: str = "value") -> Any:
+    """A copy of a dataset column's value that a checkpoint holds and `torch.load(weights_only=True)` reads
+    back equal: None, bool, int, float, str, a tensor (copied to the CPU, detached), and lists, tuples and
+    dicts (keys None, bool, int, float or str) of these, copied all the way down, so that what the buffer
+    keeps does not change when the batch's objects do.
+
+    Args:
+        value: the column's value for one question.
+        where: what the value is, for the message (e.g. "column 'extra_info' of question_id=7").
+        path: where inside the value this part is, for the message.
+
+    Raises:
+        TypeError: naming `where`, the part and its type, on anything else (a NumPy scalar or array, a
+            date, bytes, a set, an object).
+    """
+    kind = type(value)
+    if kind in _PRIMITIVES:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True).as_subclass(torch.Tensor)
+    if kind is list or kind is tuple:
+        return kind(stored_column_value(item, where, f"{path}[{i}]") for i, item in enumerate(value))
+    if kind is dict:
+        copy = {}
+        for key, item in value.items():
+            if type(key) not in _PRIMITIVES:
+                raise TypeError(_not_storable(where, f"a key of {path}", key))
+            copy[key] = stored_column_value(item, where, f"{path}[{key!r}]")
+        return copy
+    raise TypeError(_not_storable(where, path, value))
+
+
+def _not_storable(where: str, part: str, value: Any) -> str:
+    kind = type(value)
+    return (
+        f"{where}: {part} is a {kind.__module__}.{kind.__qualname__} ({value!r:.60}); the replay buffer "
+        "keeps each question's dataset columns in its checkpoint, which holds None, bool, int, float, str, "
+        "torch.Tensor and lists, tuples and dicts of them (what torch.load(weights_only=True) reads back). "
+        "Convert it in the dataset: .item() for a NumPy scalar, .tolist() for an array, str() for a date"
+    )
 
 
 def _pad_to(t: Tensor, width: int, left: bool) -> Tensor:

@@ -70,6 +70,10 @@ class TrajectoryBuffer:
     policy) and that policy's version, so importance weights need no copy of the old model: this is what
     the seed's `trajectory_buffer.policy_snapshot` stands for (see `policy_snapshot`).
 
+    Dataset columns (`RolloutBatch.columns`) are kept once per question, the newest, until its last stored
+    trajectory leaves; sampled rows carry them, so replayed questions are scored as their fresh ones were.
+    `add` rejects values a checkpoint cannot hold (`exgrpo_pl.batch.stored_column_value`) before any change.
+
     Args:
         max_size: maximum number of stored trajectories, >= 1.
         difficulty_tiers: number of tiers `stats()` counts trajectories in, by their question's rate.
@@ -144,6 +148,9 @@ class TrajectoryBuffer:
         Returns:
             the number of trajectories stored (a fresh copy of a stored duplicate counts; duplicates inside
             the batch count once).
+
+        Raises:
+            TypeError: a column value of a fresh row is not one a checkpoint holds (nothing is changed).
         """
         batch = _batch_from_seed_dict(trajectory) if isinstance(trajectory, Mapping) else trajectory
         if not isinstance(batch, RolloutBatch):
@@ -156,6 +163,7 @@ class TrajectoryBuffer:
         counted = _counted_rows(batch, replayed)
         if not counted.any():
             return 0
+        columns = batch.question_columns(np.flatnonzero(~replayed).tolist())  # checked before any change
         storage = self._storage
         storage.sync_qidx()
         question_ids, rewards = batch.question_ids, batch.rewards
@@ -189,7 +197,7 @@ class TrajectoryBuffer:
             if isinstance(trajectory, Mapping) and len(rows) and not batch.completion_ids.shape[1]:
                 release_same_text(storage, int(qidx[0]), batch.completions[0])
         if len(rows):
-            storage.store(batch, rows, qidx, hashes, payload)
+            storage.store(batch, rows, qidx, hashes, payload, columns)
             if self.max_per_question is not None:
                 storage.cap_per_question(qidx, self.max_per_question)
         return len(rows)
@@ -257,6 +265,10 @@ class TrajectoryBuffer:
             question_sampling=question_sampling,
             trajectory_selection=trajectory_selection,
         )
+
+    def question_columns(self, question_id: int) -> dict | None:
+        """The dataset columns kept for a question (the buffer's own dict: read it), None when it has none."""
+        return self._storage.columns.get(int(question_id))
 
     def num_questions_in(self, difficulty_range: tuple[float, float]) -> int:
         """How many questions replay could draw whose rate lies in `difficulty_range` (inclusive): stored,
@@ -326,8 +338,8 @@ class TrajectoryBuffer:
         return out
 
     def state_dict(self) -> dict:
-        """Rows oldest first as tensors, flat payloads with lengths, text as lists, and the bucketer's state;
-        loadable with `torch.load(weights_only=True)`."""
+        """Rows oldest first as tensors, flat payloads with lengths, text as lists, each question's columns
+        (a dict each) and the bucketer's state; loadable with `torch.load(weights_only=True)`."""
         state = self._storage.state_dict()
         state["bucketer"] = self._bucketer.state_dict()
         return state

@@ -143,7 +143,8 @@ def _one_per_question(
         # A question with one stored trajectory has nothing to choose between: only the others are scored.
         contested = counts[group] > 1
         if entropy_fn is not None and contested.any():
-            scores = torch.as_tensor(entropy_fn(storage.gather(slots[contested])))
+            # Rescoring reads the tokens alone: the candidates come without their dataset columns.
+            scores = torch.as_tensor(entropy_fn(storage.gather(slots[contested], columns=False)))
             if scores.shape != (int(contested.sum()),):
                 raise ValueError(
                     f"entropy_fn returned shape {tuple(scores.shape)}, expected ({int(contested.sum())},)"

@@ -289,4 +289,5 @@ class RolloutCollector:
             completions=completions,
             answers=[str(a) for a in row_columns.get("answer", [""] * n)],
             domains=row_columns.get("domain"),
+            columns=row_columns,
         ), metrics

@@ -3,9 +3,10 @@
 A user's own GRPO module works with `ReplayCallback` if it follows `ReplayableModule` (the whole contract,
 field by field: docs/replay_contract.md):
 
-- the training batch is a dict with `prompt` (list of str, one per question) and `question_id` (`[B]` long
-  tensor of stable ids); the callback may put `batch["experience"] = Experience(...)` into it in
-  `on_train_batch_start` (the same dict object reaches `training_step`);
+- the training batch is a dict with `prompt` (a list with one prompt per question: text, or a list of chat
+  messages) and `question_id` (`[B]` long tensor of stable ids); the callback may put
+  `batch["experience"] = Experience(...)` into it in `on_train_batch_start` (the same dict object reaches
+  `training_step`);
 - `training_step` honours that entry and returns `{"loss": ..., "rollouts": RolloutBatch}` with what it
   trained on (fresh rows with their behaviour log-probs, replayed rows flagged);
 - `score_entropy` rescores stored trajectories under the current policy (the paper's selection), and
@@ -31,7 +32,7 @@ from exgrpo_pl.batch import RolloutBatch
 REPLAY_MODES = ("swap", "mix")
 CONTRACT_DOC = "docs/replay_contract.md"
 BATCH_KEYS = {
-    "prompt": "list of str, one per question",
+    "prompt": "list of prompts, one per question: str, or a list of chat messages",
     "question_id": "[B] long tensor of stable question ids",
 }
 RETURN_FIX = (
@@ -89,9 +90,10 @@ class ContractError(ValueError):
 def check_batch(batch: Any, mode: str | None = None) -> None:
     """Raise a `ContractError` naming the missing or malformed key, and the batch contract.
 
-    The callbacks read training batches that are dicts with `prompt` (list of str) and `question_id` (`[B]`
-    integers: a long tensor, or a list of ints, which `plan_rollouts` accepts too). With `mode="mix"` the
-    batch must also have `answer` (`check_answers`), from the first step on, before any replay.
+    The callbacks read training batches that are dicts with `prompt` (a list of prompts) and `question_id`
+    (`[B]` integers: a long tensor, or a list of ints, which `plan_rollouts` accepts too). With
+    `mode="mix"` the batch must also have `answer` (`check_answers`), from the first step on, before any
+    replay.
     """
     keys = ", ".join(f"{key!r} ({what})" for key, what in BATCH_KEYS.items())
     contract = (
@@ -107,8 +109,11 @@ def check_batch(batch: Any, mode: str | None = None) -> None:
                 f"datamodule's key. {contract}"
             )
     prompts, ids = batch["prompt"], batch["question_id"]
-    if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
-        raise ContractError(f"batch['prompt'] is not a list of str ({type(prompts).__name__}): {contract}")
+    if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, (str, list)) for p in prompts):
+        raise ContractError(
+            f"batch['prompt'] is not a list of prompts, each a str or a list of chat messages"
+            f" ({type(prompts).__name__}): {contract}"
+        )
     if isinstance(ids, Tensor):
         bad = ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.shape != (len(prompts),)
     else:
@@ -127,9 +132,10 @@ def check_batch(batch: Any, mode: str | None = None) -> None:
 def check_answers(batch: Mapping) -> None:
     """Raise a `ContractError` unless `batch["answer"]` is a list with one answer per prompt.
 
-    A mixed replay step samples new rollouts of a stored question and scores them against its stored answer,
-    and the answer stored with a trajectory comes from `batch["answer"]` alone: without that key the
-    replayed questions' rollouts reach the reward functions with no answer to score against.
+    A mixed replay step samples new rollouts of a stored question and scores them with the dataset columns
+    stored with it: all of them when the step's rollouts carry them (`RolloutBatch.columns`), else only
+    the answer, which then comes from `batch["answer"]` alone. Without that key the replayed questions'
+    rollouts may reach the reward functions with no answer to score against.
     """
     prompts, answers = batch["prompt"], batch.get("answer")
     if isinstance(answers, (list, tuple)) and len(answers) == len(prompts):
@@ -145,10 +151,10 @@ def check_answers(batch: Mapping) -> None:
         fix = "collate the answers as a list (reward functions receive list-valued keys only)"
     raise ContractError(
         f"{got}: mix mode (ReplayCallback(mode='mix')) needs a list of one answer per prompt under 'answer'; "
-        f"{fix}. A mixed replay step scores new rollouts of a stored question against the answer stored "
-        "with it, which is kept from batch['answer'] alone; the replayed questions' other columns reach the "
-        "reward functions as None. A reward that needs no answer can have batch['answer'] = [''] * B. See "
-        f"{CONTRACT_DOC}"
+        f"{fix}. A mixed replay step scores new rollouts of a stored question with the dataset columns "
+        "stored with it: every column when the step's rollouts carry them (RolloutBatch.columns), else only "
+        "the answer, kept from batch['answer']. A reward that needs no answer can have batch['answer'] = "
+        f"[''] * B. See {CONTRACT_DOC}"
     )
 
 

@@ -87,6 +87,7 @@ def fresh_rollouts(
         completions=[] if completions is None else list(completions),
         answers=[str(a) for a in columns.get("answer", [""] * n)],
         domains=columns.get("domain"),
+        columns=columns,
     )
 
 

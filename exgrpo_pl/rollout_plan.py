@@ -27,8 +27,10 @@ class RolloutPlan:
         prompts: prompt strings to sample from: the batch's fresh questions, then the replayed ones.
         question_ids: `[len(prompts)]` long.
         repeats: rollouts to sample per prompt: K for a fresh question, K-1 for a replayed one.
-        columns: dataset columns per prompt (reward-function keyword arguments). Replayed questions carry
-            only their `answer` (and `domain` when the batch has one); their other columns are None.
+        columns: dataset columns per prompt (reward-function keyword arguments). A replayed question carries
+            the columns stored with it (`RolloutBatch.columns`), the values its fresh rollouts were scored
+            with; the keys are the union of the batch's and the replayed questions', None where a question
+            lacks one, as a dataset holds None where a row lacks a column.
         experience: the replayed rows (`replayed` True), or None.
         mode: "fresh" (no experience), "mix" or "swap".
         group_size: K.
@@ -91,10 +93,14 @@ def plan_rollouts(batch: dict, num_generations: int) -> RolloutPlan:
         return RolloutPlan([], question_ids[:0], [], {}, stored, "swap", group_size=k)
     check_answers(batch)  # the fresh questions' answers are stored, to score a later replay's rollouts
     n_fresh = max(len(batch["prompt"]) - len(stored), 0)
-    columns = {key: values[:n_fresh] + [None] * len(stored) for key, values in columns.items()}
-    columns["answer"] = columns["answer"][:n_fresh] + list(stored.answers)
-    if stored.domains is not None and "domain" in columns:
-        columns["domain"][n_fresh:] = stored.domains
+    replayed = _replayed_columns(stored)
+    # The union of keys, as TRL passes every dataset column to every row (None where a row has no value).
+    keys = [*columns, *(key for key in replayed if key not in columns)]
+    fresh_none, stored_none = [None] * n_fresh, [None] * len(stored)
+    columns = {
+        key: list(columns.get(key, fresh_none)[:n_fresh]) + list(replayed.get(key, stored_none))
+        for key in keys
+    }
     return RolloutPlan(
         prompts=list(batch["prompt"][:n_fresh]) + list(stored.prompts),
         question_ids=torch.cat([question_ids[:n_fresh], stored.question_ids.cpu()]),
@@ -104,3 +110,14 @@ def plan_rollouts(batch: dict, num_generations: int) -> RolloutPlan:
         mode="mix",
         group_size=k,
     )
+
+
+def _replayed_columns(stored: RolloutBatch) -> dict[str, list[Any]]:
+    """The dataset columns of replayed rows: those stored with them (`RolloutBatch.columns`, which the buffer
+    fills), else, for rows built without, their `answers` and `domains`."""
+    if stored.columns is not None:
+        return stored.columns
+    columns: dict[str, list[Any]] = {"answer": list(stored.answers) or [None] * len(stored)}
+    if stored.domains is not None:
+        columns["domain"] = list(stored.domains)
+    return columns

@@ -1,11 +1,13 @@
-"""RolloutBatch dtype checks, sequences and cat; pad_sequences: exact cases and a row-by-row reference."""
+"""RolloutBatch dtype checks, sequences, cat and dataset columns; stored_column_value; pad_sequences: exact
+cases and a row-by-row reference."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo_pl.batch import RolloutBatch, pad_sequences
+from exgrpo_pl.batch import RolloutBatch, pad_sequences, stored_column_value
 
 
 def test_left_and_right_padding_exact():
@@ -88,3 +90,35 @@ def test_cat_keeps_one_text_per_row_when_a_part_has_none():
         out.prompts == ["", "a", "b"] and out.completions == ["", "x", "y"] and out.answers == ["", "1", "2"]
     )
     assert RolloutBatch.cat([without, without]).prompts == []  # no texts anywhere: still none
+
+
+def test_columns_follow_their_rows_through_cat_and_select():
+    a = rollout_batch(2, columns={"answer": ["1", "2"], "extra_info": [{"i": 0}, {"i": 1}]})
+    b = rollout_batch(1, columns={"answer": ["3"], "only_b": [[5]]})
+    c = rollout_batch(1)  # carries no columns
+    out = RolloutBatch.cat([a, b, c]).select([3, 2, 0])
+    # The union of keys, None where a part lacks one.
+    assert out.columns == {
+        "answer": [None, "3", "1"],
+        "extra_info": [None, None, {"i": 0}],
+        "only_b": [None, [5], None],
+    }
+    assert RolloutBatch.cat([c, c]).columns is None and c.select([0]).columns is None
+    with pytest.raises(ValueError, match=r"RolloutBatch.columns\['answer'\] has 1 values for 2 rows"):
+        rollout_batch(2, columns={"answer": ["x"]})
+
+
+def test_stored_column_value_copies_all_the_way_down():
+    weight = torch.nn.Parameter(torch.ones(2))
+    value = {"a": [1, 2.5, "s", None, True], "t": (weight, {3: -1})}
+    copy = stored_column_value(value, "column 'x'")
+    assert copy["a"] == value["a"] and copy["a"] is not value["a"] and copy["t"][1] == {3: -1}
+    assert type(copy["t"]) is tuple and type(copy["t"][0]) is torch.Tensor  # a plain tensor, detached
+    assert not copy["t"][0].requires_grad and torch.equal(copy["t"][0], weight.detach())
+    weight.data.fill_(2.0)
+    assert copy["t"][0].tolist() == [1.0, 1.0]
+
+
+def test_stored_column_value_names_what_a_checkpoint_cannot_hold():
+    with pytest.raises(TypeError, match=r"column 'x': value\['t'\]\[1\] is a numpy.float32 "):
+        stored_column_value({"t": [0.5, np.float32(1.0)]}, "column 'x'")

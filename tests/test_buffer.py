@@ -17,7 +17,8 @@ from exgrpo_pl.ragged import GroupIndex
 
 
 def make_batch(qids, rewards, entropy=None, replayed=None, domains=None, policy_version=0, seed=0):
-    """Rows with random token payloads of varied lengths, padded the way the module pads them."""
+    """Rows with random token payloads of varied lengths, padded the way the module pads them, and dataset
+    columns of their questions as a verl row has them (`domain` too when there are domains)."""
     g = torch.Generator().manual_seed(seed)
     n = len(qids)
     prompts = [torch.randint(1, 1000, (int(k),), generator=g) for k in torch.randint(1, 5, (n,), generator=g)]
@@ -44,6 +45,12 @@ def make_batch(qids, rewards, entropy=None, replayed=None, domains=None, policy_
         completions=[f"completion {seed}.{i}" for i in range(n)],
         answers=[f"answer {q}" for q in qids],
         domains=domains,
+        columns={
+            "answer": [f"answer {q}" for q in qids],
+            "solution": [f"solution {q}" for q in qids],
+            "extra_info": [{"index": q, "split": "train"} for q in qids],
+            **({} if domains is None else {"domain": list(domains)}),
+        },
     )
 
 
@@ -502,6 +509,8 @@ def assert_index_consistent(buffer):
     occupied = np.flatnonzero(storage.cols["occupied"])
     oldest_first = occupied[np.argsort(storage.cols["seq"][occupied])]
     assert np.array_equal(storage.fifo_live()[0], oldest_first)  # the eviction order
+    # Every add here carries columns: one entry per stored question, gone with its last trajectory.
+    assert set(storage.columns) == set(storage.cols["question_id"][occupied].tolist())
     if buffer.dedup:
         assert np.array_equal(storage.cols["hash"][occupied], stored_hashes(storage, occupied))
         completion = storage.tokens["completion"]

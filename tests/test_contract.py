@@ -75,7 +75,8 @@ def step(b, seed=1):
         ),
         ({"prompt": ["a"], "id": torch.tensor([1])}, r"no 'question_id' key.*rename the datamodule's key"),
         ([("a", 1)], r"the training batch is a list"),
-        ({"prompt": "a b", "question_id": torch.tensor([1])}, r"batch\['prompt'\] is not a list of str"),
+        ({"prompt": "a b", "question_id": torch.tensor([1])}, r"batch\['prompt'\] is not a list of prompts"),
+        ({"prompt": [3], "question_id": torch.tensor([1])}, r"batch\['prompt'\] is not a list of prompts"),
         (
             {"prompt": ["a"], "question_id": torch.tensor([1.0])},
             r"question_id'\] is torch.float32.*\[B\] long tensor",
@@ -87,7 +88,12 @@ def step(b, seed=1):
 def test_a_malformed_batch_names_the_key_and_the_batch_contract(bad, message):
     with pytest.raises(ContractError, match=message) as error:
         check_batch(bad)
-    assert "'prompt' (list of str, one per question), 'question_id' ([B] long tensor" in str(error.value)
+    assert "'prompt' (list of prompts, one per question: str, or a list of chat messages)" in str(error.value)
+
+
+def test_chat_message_prompts_pass_the_batch_check():
+    messages = [{"role": "user", "content": "1+1="}]
+    check_batch({"prompt": [messages, "2+2="], "question_id": torch.tensor([1, 2])})
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.contract import Experience
+from exgrpo_pl.difficulty import DifficultyBucketer
 from exgrpo_pl.groups import (
     assemble_groups,
     fresh_rollouts,
@@ -90,6 +92,56 @@ def test_mix_replaces_the_last_questions_and_puts_the_stored_row_first_in_its_gr
     # Group of question 7: stored 1, fresh 0, 0 -> mean 1/3; of 9: 1, 1, 0 -> mean 2/3.
     expected = [2 / 3, -1 / 3, -1 / 3, 0, 0, 0, 2 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -2 / 3]
     assert torch.allclose(out.advantages, torch.tensor(expected))
+
+
+def test_mix_gives_each_replayed_question_the_columns_stored_with_it():
+    columns = {
+        "answer": [7, "a9"],  # as the dataset holds it: not made a string
+        "domain": ["d7", None],
+        "solution": ["s7", "s9"],
+        "extra_info": [{"index": 7}, {"index": 9, "tags": ["x"]}],
+    }
+    stored = replace(rows([7, 9], [1, 1], replayed=True), columns=columns)
+    plan = plan_rollouts(batch(Experience("mix", stored)), 3)
+    # The union of keys: the batch's, then those only the stored questions have; None where one lacks a key.
+    assert plan.columns == {
+        "answer": ["a0", "a1", 7, "a9"],
+        "domain": ["d0", "d1", "d7", None],
+        "source": ["s0", "s1", None, None],
+        "solution": [None, None, "s7", "s9"],
+        "extra_info": [None, None, {"index": 7}, {"index": 9, "tags": ["x"]}],
+    }
+    assert list(plan.columns) == ["answer", "domain", "source", "solution", "extra_info"]
+
+
+def test_a_question_replayed_from_the_buffer_is_scored_with_its_dataset_columns():
+    """Fresh rows carry their batch's columns into the buffer; a later step replays two of the questions,
+    and the sampler gets each one's own columns for its K-1 fresh rollouts."""
+    first = {
+        "prompt": ["p0", "p1", "p2"],
+        "question_id": torch.tensor([0, 1, 2]),
+        "answer": ["a0", "a1", "a2"],
+        "solution": ["$0$", "$1$", "$2$"],
+        "extra_info": [{"index": i, "split": "train"} for i in range(3)],
+    }
+    plan = plan_rollouts(first, 2)
+    fresh = replace(
+        rows(plan.expand(plan.question_ids.tolist()), [1, 0] * 3),
+        columns={key: plan.expand(values) for key, values in plan.columns.items()},  # as collect makes them
+    )
+    buffer = TrajectoryBuffer(bucketer=DifficultyBucketer(retire_from=None))
+    buffer.add(assemble_groups(plan, fresh, "group"))
+    stored = buffer.sample("uniform", size=2, generator=torch.Generator().manual_seed(0))
+    sampler = Sampler()
+    later = {"prompt": ["p5", "p6"], "question_id": torch.tensor([5, 6]), "answer": ["a5", "a6"]}
+    sample_groups({**later, "experience": Experience("mix", stored)}, 3, sampler)
+    ((prompts, columns),) = sampler.calls
+    for q in stored.question_ids.tolist():
+        replayed = [i for i, prompt in enumerate(prompts) if prompt == f"p{q}"]
+        assert len(replayed) == 2  # K - 1
+        for key, values in first.items():
+            if key not in ("prompt", "question_id"):
+                assert [columns[key][i] for i in replayed] == [values[q]] * 2, key
 
 
 def test_swap_trains_on_the_stored_rows_alone():

@@ -18,6 +18,7 @@ import torch
 from conftest import is_gone
 from worker_rewards import backtracking, missing_column, nan_scores, ones
 
+from exgrpo_pl.difficulty import DifficultyBucketer
 from exgrpo_pl.rewards import (
     ArithmeticReward,
     ExactMatchReward,
@@ -73,6 +74,27 @@ def test_all_none_row_totals_zero_with_a_warning():
         total, per = compute_rewards([never], None, PROMPTS, COMPLETIONS, COLUMNS)
     assert total.tolist() == [0.0, 0.0, 0.0]
     assert per["never"].isnan().all()
+
+
+def test_none_is_trls_none_row_by_row_and_a_row_none_applies_to_is_an_incorrect_zero():
+    """TRL's GRPOTrainer: a None is NaN in its function's column, a row's reward the nansum over functions of
+    weight x score, in float32. A row no function scores is 0 here, hence incorrect, and the bucketer
+    counts it as a failed attempt; TRL 1.16 (since huggingface/trl#5902) makes it NaN, leaves it out of its
+    group's mean and std and gives it advantage 0 (docs/how-it-works.md, "Rewards")."""
+    scores = {"f": [0.25, None, None, 1.0], "g": [None, 0.5, None, 0.75]}
+    funcs = [returning(scores[name], name) for name in scores]
+    with pytest.warns(UserWarning, match="every reward function returned None"):
+        total, per = compute_rewards(funcs, [2.0, 0.5], PROMPTS + ["4+4="], COMPLETIONS + ["8"], {})
+    trl_per_func = torch.tensor(
+        [[torch.nan if s is None else s for s in column] for column in scores.values()], dtype=torch.float32
+    ).T  # [N, F], as _calculate_rewards fills it
+    torch.testing.assert_close(torch.stack([per["f"], per["g"]], dim=1), trl_per_func, equal_nan=True)
+    trl_total = (trl_per_func * torch.tensor([2.0, 0.5])).nansum(dim=1)
+    assert torch.equal(total, trl_total) and total.tolist() == [0.5, 0.25, 0.0, 2.375]
+    assert trl_per_func.isnan().all(dim=1).tolist() == [False, False, True, False]  # TRL's unscorable rows
+    bucketer = DifficultyBucketer()
+    bucketer.update(torch.tensor([7, 7]), torch.tensor([1.0, total[2].item()]))
+    assert [c.tolist() for c in bucketer.latest_counts(torch.tensor([7]))] == [[1], [2]]
 
 
 def test_no_warning_when_some_function_applies():
