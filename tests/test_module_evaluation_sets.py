@@ -14,6 +14,7 @@ from lightning.pytorch import Trainer, seed_everything
 
 from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, EvalSet, PromptDataModule
+from exgrpo_pl.module import ExGRPOModule
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 
@@ -173,3 +174,34 @@ def test_the_papers_evaluation_config_runs_on_its_file_layout(tmp_path, verl_mod
     expected = sum(table["rows"][name]["score"] for name in domains) / 4
     assert table["averages"]["in-distribution"] == pytest.approx(expected)
     assert {"arc_c", "gpqa_diamond", "mmlu_pro"} <= set(table["rows"]) and "| average (all) |" in out
+
+
+class WritesTable(ExGRPOModule):
+    """Writes each rank's evaluation table to `<out_dir>/rank<r>.json`."""
+
+    def __init__(self, out_dir: str, **kwargs):
+        super().__init__(**kwargs)
+        self.out_dir = out_dir
+
+    def on_validation_epoch_end(self):
+        super().on_validation_epoch_end()
+        Path(self.out_dir, f"rank{self.global_rank}.json").write_text(json.dumps(self.last_evaluation_table))
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_score_their_shares_and_count_each_problem_once(tmp_path, tiny_model_dir):
+    settings = tiny_module(tiny_model_dir).hparams
+    module = WritesTable(str(tmp_path), **settings)
+    # 7 problems over 2 ranks: the distributed sampler gives one rank a repeat of a problem to even them out.
+    sets = {"odd": EvalSet(synthetic=ArithmeticTask(num_questions=7, seed=3), num_samples=2)}
+    data = PromptDataModule(
+        synthetic=ArithmeticTask(40, seed=1), val_fraction=0.0, eval_sets=sets, batch_size=2, val_batch_size=2
+    )
+    trainer = Trainer(
+        accelerator="cpu", devices=2, strategy="ddp_fork", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.validate(module, datamodule=data, verbose=False)
+    tables = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert tables[0] == tables[1]  # every rank holds the gathered result
+    assert tables[0]["rows"]["odd"]["problems"] == 7 and tables[0]["rows"]["odd"]["samples"] == 14
