@@ -1,4 +1,5 @@
-"""Reads prompt/answer datasets from disk into validated, normalized rows.
+"""Reads prompt/answer datasets from disk into validated, normalized rows (the files' raw rows come from
+`exgrpo_pl.data.files`, a row's values and prompt from `exgrpo_pl.data.fields`).
 
 Formats, by path: `.jsonl` (one object per line), `.json` (a list of objects), `.parquet`, or a directory
 written by `datasets.Dataset.save_to_disk` (needs the `datasets` extra). Every row comes out as
@@ -38,14 +39,14 @@ Common math layouts and the arguments that read them:
 
 from __future__ import annotations
 
-import json
 import warnings
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from exgrpo_pl.batch import text_id
+from exgrpo_pl.data.fields import lookup, prompt_key, prompt_value, text_value, walk, without_system
+from exgrpo_pl.data.files import read_raw_rows
 from exgrpo_pl.rewards.math_verify import extract_boxed
 
 _INT64 = (-(2**63), 2**63 - 1)
@@ -59,97 +60,6 @@ def check_answer_from(answer_from: str) -> None:
     if answer_from not in ANSWER_FROM:
         allowed = ", ".join(repr(value) for value in ANSWER_FROM)
         raise ValueError(f"answer_from must be one of {allowed}, got {answer_from!r}")
-
-
-def _decode(data: bytes, path: Path, first_line: int = 1, offset: int = 0) -> str:
-    """`data`, the part of `path` from line `first_line` and byte `offset` on, decoded as UTF-8, BOM dropped.
-
-    Raises:
-        ValueError: naming the file, the line and the byte offset of the first byte that is not UTF-8.
-    """
-    try:
-        return data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as err:
-        line_number = first_line + data.count(b"\n", 0, err.start)
-        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise ValueError(
-            f"{path}:{line_number}: not UTF-8: byte 0x{data[err.start]:02x} at byte offset "
-            f"{offset + err.start} (byte {column} of the line); save the file as UTF-8, e.g. "
-            f"`iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}` for a Latin-1 file"
-        ) from err
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
-    # Bytes, decoded line by line, so that an error can say which line and at which byte offset.
-    offset = 0
-    with path.open("rb") as handle:
-        for line_number, data in enumerate(handle, start=1):
-            line = _decode(data, path, line_number, offset)
-            offset += len(data)
-            if not line.strip():
-                continue
-            try:
-                yield f"line {line_number}", json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(
-                    f"{path}:{line_number}: malformed JSON: {err.msg} (column {err.colno})"
-                ) from err
-
-
-def _read_json(path: Path) -> Iterator[tuple[str, Any]]:
-    try:
-        data = json.loads(_decode(path.read_bytes(), path))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{err.lineno}: malformed JSON: {err.msg} (column {err.colno})") from err
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of row objects, got {type(data).__name__}")
-    for number, row in enumerate(data, start=1):
-        yield f"row {number}", row
-
-
-def _read_parquet(path: Path) -> Iterator[tuple[str, Any]]:
-    import pyarrow.parquet as pq
-
-    for number, row in enumerate(pq.read_table(path).to_pylist(), start=1):
-        yield f"row {number}", row
-
-
-def _read_saved_dataset(path: Path) -> Iterator[tuple[str, Any]]:
-    try:
-        import datasets
-    except ImportError as err:
-        raise ImportError(
-            f"{path}: reading a saved dataset needs `pip install 'exgrpo-pl[datasets]'`"
-        ) from err
-    dataset = datasets.load_from_disk(str(path))
-    if isinstance(dataset, datasets.DatasetDict):
-        raise ValueError(
-            f"{path}: holds several splits ({', '.join(dataset)}); point at one of them, e.g. {path}/train"
-        )
-    for number, row in enumerate(dataset, start=1):
-        yield f"row {number}", row
-
-
-def _read(path: Path) -> Iterator[tuple[str, Any]]:
-    if path.is_dir():
-        return _read_saved_dataset(path)
-    readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
-    if path.suffix not in readers:
-        raise ValueError(
-            f"{path}: unsupported file type; expected .jsonl, .json, .parquet or a saved dataset directory"
-        )
-    return readers[path.suffix](path)
-
-
-def _text(value: Any, where: str, column: str) -> str:
-    # Numbers are fine as answers (JSON and parquet keep "42" as an int); containers and None are not.
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: column {column!r} must be text, got {type(value).__name__}")
-    if not value.strip():
-        raise ValueError(f"{where}: column {column!r} is empty")
-    return value
 
 
 def _boxed_answer(text: str, where: str, column: str) -> str:
@@ -176,96 +86,6 @@ def _question_id(value: Any, where: str, column: str) -> tuple[int, int | str]:
     if not _INT64[0] <= value <= _INT64[1]:
         raise ValueError(f"{where}: column {column!r} value {value} does not fit in int64")
     return value, value
-
-
-def _walk(raw: dict[str, Any], path: str) -> tuple[Any, int | None]:
-    """Follows column name or dotted `path` in `raw`.
-
-    Returns:
-        `(value, None)` when found: the column named `path` if there is one, else the value reached key by
-        key through nested objects; otherwise `(the value where it broke, the index of the key missing)`.
-    """
-    if path in raw:
-        return raw[path], None
-    value: Any = raw
-    for depth, key in enumerate(path.split(".")):
-        if not isinstance(value, dict) or key not in value:
-            return value, depth
-        value = value[key]
-    return value, None
-
-
-def _lookup(raw: dict[str, Any], path: str, where: str) -> Any:
-    """The value of column `path` (a name, or a dotted path into nested objects) in the row `raw`.
-
-    Raises:
-        ValueError: naming `where`, the path, and the keys (or the value) present where the path broke.
-    """
-    value, depth = _walk(raw, path)
-    if depth is None:
-        return value
-    if depth == 0:
-        raise ValueError(f"{where}: missing column {path!r}; columns present: {sorted(raw)}")
-    reached = ".".join(path.split(".")[:depth])
-    if not isinstance(value, dict):
-        kind = type(value).__name__
-        raise ValueError(f"{where}: missing column {path!r}: {reached!r} is {kind}, not an object with keys")
-    missing = path.split(".")[depth]
-    raise ValueError(
-        f"{where}: missing column {path!r}: {reached!r} has no key {missing!r}; its keys: {sorted(value)}"
-    )
-
-
-def _messages(value: list[Any], where: str, column: str) -> list[dict[str, Any]]:
-    """`value` when it is a non-empty list of chat messages, each a dict with a string role and content."""
-    if not value:
-        raise ValueError(f"{where}: column {column!r} is an empty list of messages")
-    for index, message in enumerate(value):
-        at = f"{where}: column {column!r} message {index}"
-        if not isinstance(message, dict):
-            raise ValueError(
-                f"{at} must be an object with 'role' and 'content', got {type(message).__name__}"
-            )
-        for key in ("role", "content"):
-            # Parquet gives every message the keys of all of them, None where a message has none.
-            if message.get(key) is None:
-                present = sorted(name for name, field in message.items() if field is not None)
-                raise ValueError(f"{at} has no {key!r}; its keys: {present}")
-            if not isinstance(message[key], str):
-                raise ValueError(f"{at}: {key!r} must be text, got {type(message[key]).__name__}")
-    return value
-
-
-def _without_system(messages: list[Any]) -> list[Any]:
-    """`messages` without their leading system messages."""
-    for start, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") != "system":
-            return messages[start:]
-    return []
-
-
-def _prompt(value: Any, where: str, column: str, drop_system_prompt: bool) -> str | list[dict[str, Any]]:
-    """A row's prompt: text, or a list of chat messages (leading system ones dropped if asked)."""
-    if not isinstance(value, list):
-        return _text(value, where, column)
-    messages = _messages(value, where, column)
-    if drop_system_prompt:
-        messages = _without_system(messages)
-        if not messages:
-            raise ValueError(
-                f"{where}: column {column!r} holds only system messages, which drop_system_prompt=True drops"
-            )
-    if not any(message["content"].strip() for message in messages):
-        raise ValueError(f"{where}: column {column!r} has no text in any message")
-    return messages
-
-
-def _prompt_key(prompt: str | list[dict[str, Any]]) -> str:
-    """What identifies a prompt: its text, or a canonical JSON of its messages (keys sorted, no spaces), so
-    that equal message lists give the same key whatever their key order."""
-    if isinstance(prompt, str):
-        return prompt
-    return json.dumps(prompt, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def load_rows(
@@ -327,11 +147,11 @@ def load_rows(
     first_seen: dict[int, tuple[str, int | str, dict[str, Any]]] = {}  # id -> (position, question, row)
     repeats: list[tuple[str, str]] = []  # (position dropped, position of the row it repeats)
     samples: dict[int, int] = {}  # id -> rows of that question
-    for position, raw in _read(path):
+    for position, raw in read_raw_rows(path):
         where = f"{path}: {position}"
         if not isinstance(raw, dict):
             raise ValueError(f"{where}: expected an object with columns, got {type(raw).__name__}")
-        values = {key: _lookup(raw, source, where) for key, source in sources.items() if source is not None}
+        values = {key: lookup(raw, source, where) for key, source in sources.items() if source is not None}
         for key, source in sources.items():
             # A column named like a normalized key but not its source would be silently overwritten.
             if key in raw and source is not None and source != key:
@@ -344,18 +164,18 @@ def load_rows(
             raise ValueError(f"{where}: column 'num_samples' would be replaced by the count of its repeats")
         # A column read by its name is renamed; one a dotted path reads inside stays, whole.
         row = {key: value for key, value in raw.items() if key not in required}
-        row["prompt"] = _prompt(values["prompt"], where, prompt_column, drop_system_prompt)
-        row["answer"] = _text(values["answer"], where, answer_column)
+        row["prompt"] = prompt_value(values["prompt"], where, prompt_column, drop_system_prompt)
+        row["answer"] = text_value(values["answer"], where, answer_column)
         if answer_from == "boxed":
             row["answer"] = _boxed_answer(row["answer"], where, answer_column)
         # `question` identifies the question: its prompt, or its id as written (before any hashing).
         if id_column is None:
-            question = _prompt_key(row["prompt"])
+            question = prompt_key(row["prompt"])
             row["id"] = text_id(question)
         else:
             row["id"], question = _question_id(values["id"], where, id_column)
         if domain_column is not None:
-            row["domain"] = _text(values["domain"], where, domain_column)
+            row["domain"] = text_value(values["domain"], where, domain_column)
         if row["id"] in first_seen:
             earlier, earlier_question, earlier_row = first_seen[row["id"]]
             _check_repeat(
@@ -397,12 +217,12 @@ def find_row(path: str | Path, column: str, value: Any, drop_system_prompt: bool
             keeps it with the same option.
     """
     path = Path(path).expanduser()
-    for position, raw in _read(path):
+    for position, raw in read_raw_rows(path):
         if not isinstance(raw, dict):
             continue
-        found, missing = _walk(raw, column)
+        found, missing = walk(raw, column)
         if drop_system_prompt and isinstance(found, list):
-            found = _without_system(found)
+            found = without_system(found)
         if missing is None and found == value:
             return position
     return None
