@@ -218,10 +218,18 @@ class Record(Callback):
 
 
 def run(
-    task: str, name: str, seed: int, steps: int | None, workdir: Path, threads: int, measure=None
+    task: str,
+    name: str,
+    seed: int,
+    steps: int | None,
+    workdir: Path,
+    threads: int,
+    measure=None,
+    adjust=None,
 ) -> dict:
     """One training run; returns its curve [(step, generated tokens, val pass@1)] and its diagnostics, and
-    with `measure(cli, task)` what that returns about the final weights, under "final"."""
+    with `measure(cli, task)` what that returns about the final weights, under "final". `adjust(overlay,
+    task)` may change the task's overlay (a config dict laid over the preset) before the run starts."""
     torch.set_num_threads(threads)
     preset, change, _ = VARIANTS[name]
     overlay = task_overlay(task)
@@ -231,6 +239,8 @@ def run(
     if steps is not None:
         trainer = overlay.setdefault("trainer", {})
         trainer.update(max_steps=steps, val_check_interval=max(steps // 4, 1))
+    if adjust is not None:
+        adjust(overlay, task)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "overlay.yaml").write_text(yaml.safe_dump(overlay))
     args = [

@@ -1,17 +1,22 @@
 """The learning benchmark's presets measured with the paper's yardstick as well as ours.
 
-Each run is a run of `benchmarks/learning.py` (same task, preset, seed and steps, so the same training),
-whose final weights are then evaluated the way the ExGRPO paper evaluates: sampled at T = 0.6, avg@4 (mean
-correctness over 4 samples of each problem) and greedy pass@1, on the task's held-out questions (in
-distribution) and on a family the policy never trained on (out of distribution: three-digit operands for
-the reasoning tasks, operands up to 999 for arithmetic). Our own yardstick, validation pass@1 at the
-training temperature (T = 1), is the run's last curve point. Differences from GRPO are paired by seed, with
-95% Student-t intervals.
+Each run is a run of `benchmarks/learning.py` (same task, preset, seed and steps), except that one difficulty
+family of the task is held out of training: "mix4_1d" (four one-digit terms, some subtracted) on the
+reasoning tasks, "add_nocarry" (two-digit sums without a carry) on arithmetic. The embedded policies were
+fitted on every family and start at 38% and 37% on them, so the held-out family plays the part of the
+paper's out-of-distribution benchmarks: a task the base policy can do that RL never trains on. (Families the
+policies never saw, such as three-digit operands or two-term subtractions, stay at 0% before and after
+training: nothing to measure.) The final weights are then evaluated the way the ExGRPO paper evaluates:
+sampled at T = 0.6, avg@4 (mean correctness over 4 samples of each problem) and greedy pass@1, on the
+task's held-out questions (in distribution) and on 500 questions of the held-out family (out of
+distribution). Our own yardstick, validation pass@1 at the training temperature (T = 1), is the run's last
+curve point. Differences from GRPO are paired by seed, with 95% Student-t intervals.
 
     python benchmarks/learning_yardstick.py --jobs 2 --tasks reasoning --variants GRPO "ExGRPO recommended"
     python benchmarks/learning_yardstick.py --jobs 2 --resume      # all presets and tasks, 5 seeds
 
-Writes benchmarks/results/learning_yardstick.json (finished runs are kept with --resume).
+Writes benchmarks/results/learning_yardstick.json: the runs, and their summary (finished runs are kept with
+--resume).
 """
 
 from __future__ import annotations
@@ -23,9 +28,17 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from learning import PRESETS, RESULTS, TASKS, interval, run
+import yaml
+from learning import PRESETS, RESULTS, ROOT, TASKS, interval, run
 
-from exgrpo_pl.data import REASONING_OOD_FAMILIES, ArithmeticTask, EvalSet, PromptDataModule, ReasoningTask
+from exgrpo_pl.data import (
+    FAMILIES,
+    REASONING_FAMILIES,
+    ArithmeticTask,
+    EvalSet,
+    PromptDataModule,
+    ReasoningTask,
+)
 
 TEMPERATURE = 0.6  # the paper's evaluation temperature
 SAMPLES = 4  # k of avg@k: the paper's 32 for AIME/AMC, fewer here for 500-question sets on a CPU
@@ -39,12 +52,23 @@ MEASURES = {
 }
 
 
+HELD_OUT = {"arithmetic": "add_nocarry", "reasoning": "mix4_1d", "small_pool": "mix4_1d"}
+
+
+def hold_out(overlay: dict, task: str) -> None:
+    """Trains on the task without its `HELD_OUT` family (an `adjust` of `learning.run`)."""
+    synthetic = overlay.get("data", {}).get("synthetic")
+    if synthetic is None:  # arithmetic: the preset's own task
+        config = yaml.safe_load((ROOT / "configs" / "grpo_baseline.yaml").read_text())
+        synthetic = overlay.setdefault("data", {})["synthetic"] = config["data"]["synthetic"]
+    families = FAMILIES if task == "arithmetic" else REASONING_FAMILIES
+    synthetic.setdefault("init_args", {})["families"] = [f for f in families if f != HELD_OUT[task]]
+
+
 def out_of_distribution(task: str):
-    """The task's out-of-distribution set: larger operands than any training question."""
-    if task == "arithmetic":
-        multi_digit = ["add_nocarry", "add_carry", "sub_noborrow", "sub_borrow", "sub_negative"]
-        return ArithmeticTask(OOD_QUESTIONS, seed=1, max_operand=999, families=multi_digit)
-    return ReasoningTask(OOD_QUESTIONS, seed=1, families=REASONING_OOD_FAMILIES)
+    """500 questions of the family the task's runs never train on."""
+    kind = ArithmeticTask if task == "arithmetic" else ReasoningTask
+    return kind(OOD_QUESTIONS, seed=1, families=[HELD_OUT[task]])
 
 
 def measure(cli, task: str) -> dict:
@@ -73,28 +97,41 @@ def figures(run_record: dict) -> dict[str, float]:
     return row
 
 
-def table(results: dict) -> str:
-    """Per task and preset: each figure's mean ± 95% interval over seeds, and paired with GRPO (points)."""
-    lines = []
-    for task, variants in results.items():
+def summarise(runs: dict) -> dict:
+    """Per task, preset and figure: `{"mean": (mean, half-width)}` over seeds, and for a preset other than
+    GRPO `"vs_grpo"`: its difference from GRPO's at the same seeds, in points (None: no seed shared)."""
+    summary: dict = {}
+    for task, variants in runs.items():
         grpo = {r["seed"]: figures(r) for r in variants.get("GRPO", [])}
-        columns = list(figures(next(iter(variants.values()))[0]))
-        lines += [f"\n{task}: mean ± 95% interval; vs GRPO: paired by seed, points\n"]
-        lines += ["| variant | seeds | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
+        summary[task] = {}
         for name in (n for n in PRESETS if n in variants):
-            runs = variants[name]
+            rows = [figures(r) for r in variants[name]]
+            seeds = [r["seed"] for r in variants[name]]
+            summary[task][name] = {"seeds": len(rows)}
+            for column in rows[0]:
+                paired = [100 * (row[column] - grpo[s][column]) for row, s in zip(rows, seeds) if s in grpo]
+                summary[task][name][column] = {
+                    "mean": interval([row[column] for row in rows]),
+                    "vs_grpo": interval(paired) if name != "GRPO" and paired else None,
+                }
+    return summary
+
+
+def table(summary: dict) -> str:
+    """The summary as Markdown: each figure's mean ± 95% interval, and its paired difference from GRPO."""
+    lines = []
+    for task, variants in summary.items():
+        columns = [c for c in next(iter(variants.values())) if c != "seeds"]
+        lines += [f"\n{task}: mean ± 95% interval over seeds (vs GRPO, paired by seed, points)\n"]
+        lines += ["| variant | seeds | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
+        for name, row in variants.items():
             cells = []
             for column in columns:
-                mean, half = interval([figures(r)[column] for r in runs])
-                cell = f"{mean:.3f} ± {half:.3f}"
-                paired = [
-                    100 * (figures(r)[column] - grpo[r["seed"]][column]) for r in runs if r["seed"] in grpo
-                ]
-                if name != "GRPO" and paired:
-                    diff, diff_half = interval(paired)
-                    cell += f" ({diff:+.1f} ± {diff_half:.1f})"
-                cells.append(cell)
-            lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
+                (mean, half), versus = row[column]["mean"], row[column]["vs_grpo"]
+                cells.append(
+                    f"{mean:.3f} ± {half:.3f}" + (f" ({versus[0]:+.1f} ± {versus[1]:.1f})" if versus else "")
+                )
+            lines.append(f"| {name} | {row['seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -110,7 +147,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="keep finished runs of the results file")
     args = parser.parse_args()
     path = RESULTS / "learning_yardstick.json"
-    results: dict = json.loads(path.read_text()) if args.resume and path.exists() else {}
+    results: dict = json.loads(path.read_text())["runs"] if args.resume and path.exists() else {}
     todo = [
         (task, name, seed)
         for task in args.tasks
@@ -124,7 +161,7 @@ def main() -> None:
         jobs = {
             pool.submit(
                 run, task, name, seed, args.steps, Path(tmp) / f"{task}-{name.replace(' ', '_')}-{seed}",
-                threads, measure,
+                threads, measure, hold_out,
             ): (task, name)
             for task, name, seed in todo
         }  # fmt: skip
@@ -133,12 +170,11 @@ def main() -> None:
             record = done.result()
             record["diagnostics"] = {k: v for k, v in record["diagnostics"].items() if k != "replayed"}
             results.setdefault(task, {}).setdefault(name, []).append(record)
-            path.write_text(
-                json.dumps(results)
-            )  # after every run: a stopped benchmark keeps what it measured
-            print(table(results), flush=True)
+            # After every run: a stopped benchmark keeps what it measured.
+            path.write_text(json.dumps({"summary": summarise(results), "runs": results}))
+            print(table(summarise(results)), flush=True)
     if not todo:
-        print(table(results))
+        print(table(summarise(results)))
 
 
 if __name__ == "__main__":

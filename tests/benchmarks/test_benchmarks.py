@@ -83,8 +83,10 @@ def test_learning_yardstick_benchmark(bench):
         "learning_yardstick", "--tasks", "reasoning", "--variants", *names, "--seeds", "1", "--steps", "3"
     )
     result = json.loads((out / "learning_yardstick.json").read_text())
+    versus = result["summary"]["reasoning"]["ExGRPO recommended"]["OOD greedy"]["vs_grpo"]
+    assert versus[1] == 0.0  # one seed: a difference without an interval
     for name in names:
-        (run,) = result["reasoning"][name]
+        (run,) = result["runs"]["reasoning"][name]
         assert run["curve"][-1][0] == 3  # the final weights of a 3-step run of learning.py's
         for name in ("id", "ood"):
             assert {"avg@4", "greedy_pass@1", "pass@4"} <= set(run["final"][name])
