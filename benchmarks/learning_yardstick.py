@@ -29,7 +29,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import yaml
-from learning import PRESETS, RESULTS, ROOT, TASKS, interval, run
+from learning import PRESETS, RESULTS, ROOT, TASKS, VARIANTS, interval, run
 
 from exgrpo_pl.data import (
     FAMILIES,
@@ -98,13 +98,13 @@ def figures(run_record: dict) -> dict[str, float]:
 
 
 def summarise(runs: dict) -> dict:
-    """Per task, preset and figure: `{"mean": (mean, half-width)}` over seeds, and for a preset other than
+    """Per task, variant and figure: `{"mean": (mean, half-width)}` over seeds, and for a preset other than
     GRPO `"vs_grpo"`: its difference from GRPO's at the same seeds, in points (None: no seed shared)."""
     summary: dict = {}
     for task, variants in runs.items():
         grpo = {r["seed"]: figures(r) for r in variants.get("GRPO", [])}
         summary[task] = {}
-        for name in (n for n in PRESETS if n in variants):
+        for name in (n for n in VARIANTS if n in variants):  # learning.py's order
             rows = [figures(r) for r in variants[name]]
             seeds = [r["seed"] for r in variants[name]]
             summary[task][name] = {"seeds": len(rows)}
@@ -140,7 +140,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
-    parser.add_argument("--variants", nargs="+", choices=PRESETS, default=list(PRESETS))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(PRESETS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the task's)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time, each with 2 / jobs threads")
