@@ -1,5 +1,5 @@
-"""The documentation pages' tables of results are the results files' (docs/learning.md from learning.json,
-docs/reliability.md from resume_exact.json)."""
+"""The documentation pages' tables of results are the results files' (docs/learning.md from learning.json and
+learning_yardstick.json, docs/reliability.md from resume_exact.json)."""
 
 import json
 import sys
@@ -9,6 +9,7 @@ ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import resume_exact  # noqa: E402
 from learning import markdown_table, presets_table  # noqa: E402
+from learning_yardstick import table as yardstick_table  # noqa: E402
 
 
 def test_the_learning_page_shows_the_tables_of_the_results_file():
@@ -30,4 +31,13 @@ def test_the_reliability_page_shows_the_resume_table_of_the_results_file():
     assert table in (ROOT / "docs" / "reliability.md").read_text(), (
         "docs/reliability.md should show benchmarks/results/resume_exact.json as benchmarks/resume_exact.py "
         "prints it:\n" + table
+    )
+
+
+def test_the_learning_page_shows_the_yardstick_table_of_its_results_file():
+    summary = json.loads((ROOT / "benchmarks" / "results" / "learning_yardstick.json").read_text())["summary"]
+    table = yardstick_table(summary)
+    assert table in (ROOT / "docs" / "learning.md").read_text(), (
+        "docs/learning.md should show benchmarks/results/learning_yardstick.json as "
+        "benchmarks/learning_yardstick.py prints it:\n" + table
     )
