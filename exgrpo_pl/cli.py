@@ -113,7 +113,12 @@ class ExGRPOCLI(LightningCLI):
         print(f"  table:       {json_path}\n               {markdown_path}")
 
 
-_OWN_CODE = (Path(__file__).parent, Path(__file__).parents[1] / "callbacks")  # installed, or a checkout
+def _own_code() -> tuple[Path, Path]:
+    """The folders this package's code runs from: the package, and its callbacks wherever they are installed
+    from (a checkout's `callbacks/` folder in an editable install)."""
+    import exgrpo_pl.callbacks
+
+    return Path(__file__).parent, Path(exgrpo_pl.callbacks.__file__).parent
 
 
 def own_root_cause(err: BaseException) -> BaseException | None:
@@ -126,7 +131,7 @@ def own_root_cause(err: BaseException) -> BaseException | None:
         while frames is not None and frames.tb_next is not None:
             frames = frames.tb_next
         origin = Path(frames.tb_frame.f_code.co_filename) if frames is not None else None
-        if origin is not None and any(origin.is_relative_to(folder) for folder in _OWN_CODE):
+        if origin is not None and any(origin.is_relative_to(folder) for folder in _own_code()):
             return err
         err = err.__cause__ or err.__context__
     return None
