@@ -238,7 +238,7 @@ def test_a_deepspeed_folder_is_marked_complete_after_every_rank_wrote_its_shards
     assert newest_complete_checkpoint([str(tmp_path / "ckpt")]) == str(folder)
     marker.unlink()  # what a kill before the marker leaves: DeepSpeed's `latest` alone does not count
     assert (folder / "latest").is_file()
-    with pytest.warns(UserWarning, match="no complete checkpoint"):
+    with pytest.warns(UserWarning, match="no complete, intact checkpoint"):
         assert newest_complete_checkpoint([str(tmp_path / "ckpt")]) is None
 
 
