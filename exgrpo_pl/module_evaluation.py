@@ -62,7 +62,15 @@ class PassRateEvaluation:
             rollouts, _ = self._collect(plan, temperature)
         return rollouts.correct.float()
 
-    def _evaluate(self, batch: dict, batch_idx: int, metric: MeanMetric, name: str) -> None:
+    def _evaluate(
+        self, batch: dict, batch_idx: int, dataloader_idx: int, metric: MeanMetric, name: str
+    ) -> None:
+        """A validation or test step: pass@1 of the plain set into `metric`, logged as `name`; a named set's
+        problems kept for `_log_sets`."""
+        set_name = self._set_name(dataloader_idx)
+        if set_name is not None:
+            self._sample_set(batch, batch_idx, set_name)
+            return
         metric.update(self._pass_rate(batch, batch_idx))
         # One loader logs it, so its name needs no loader suffix when named sets have loaders of their own.
         self.log(
@@ -175,18 +183,10 @@ class PassRateEvaluation:
         self._set_problems = defaultdict(list)
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        name = self._set_name(dataloader_idx)
-        if name is None:
-            self._evaluate(batch, batch_idx, self.val_pass_at_1, "val/pass@1")
-        else:
-            self._sample_set(batch, batch_idx, name)
+        self._evaluate(batch, batch_idx, dataloader_idx, self.val_pass_at_1, "val/pass@1")
 
     def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        name = self._set_name(dataloader_idx)
-        if name is None:
-            self._evaluate(batch, batch_idx, self.test_pass_at_1, "test/pass@1")
-        else:
-            self._sample_set(batch, batch_idx, name)
+        self._evaluate(batch, batch_idx, dataloader_idx, self.test_pass_at_1, "test/pass@1")
 
     def on_validation_epoch_end(self) -> None:
         self._log_sets("val")
