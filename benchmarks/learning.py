@@ -21,7 +21,12 @@ Tasks: "arithmetic" is the presets as shipped (`configs/*.yaml`: one-step sums, 
 completion of a question the same string); "reasoning" lays configs/quickstart_reasoning.yaml's model, data
 and schedule over each preset (step-by-step derivations whose correct completions differ, so trajectory
 selection has a choice); "small_pool" is "reasoning" on 1,000 training and 500 held-out questions, about 10
-epochs in its 300 steps (the seed's regime; the seed preset's replay starts at epoch 5).
+epochs in its 300 steps (the seed's regime; the seed preset's replay starts at epoch 5); "weak_start" is
+"reasoning" from a weaker policy, `embedded:tiny-reasoning-weak` (see `WEAK_START`), where correct answers are
+rare at first and the replay start trigger fires late (the seed: replay "stabilizes training on weaker
+models"). Besides steps and generated tokens, each curve is kept against the fresh questions trained on (a
+question's group counted each time it was trained on fresh; replayed groups and questions a mixed step
+displaced are not), the axis on which replay's displaced questions show.
 Seed s is `--seed_everything=s`: the data order, replay draws, rollout and validation samples all derive from
 it, so seeds are independent runs. Each run records the commit its code came from. Not a timed test: a
 measurement to read.
@@ -110,6 +115,9 @@ VARIANTS = {
         _changed(bucketer=_BUFFER_ONLY, callback={"bounded_demand": True}),
         None,
     ),  # fmt: skip
+    # The fresh questions a mixed step displaces come back in the following steps instead of being dropped.
+    "paper, deferred": ("exgrpo_paper", _changed(callback={"displaced_questions": "defer"}), None),
+    "recommended, deferred": ("exgrpo", _changed(callback={"displaced_questions": "defer"}), None),
     # The seed preset retires from the buffer only (the bucketer's default); this variant, the paper's way.
     "seed, retire from buffer and stream": (
         "exgrpo_seed",
@@ -121,15 +129,17 @@ VARIANTS = {
 FULL_METHOD = {"exgrpo_paper": "ExGRPO paper", "exgrpo_seed": "ExGRPO seed", "exgrpo": "ExGRPO recommended"}
 PAPER_GRPO, PAPER_FULL = VARIANTS["GRPO"][2], VARIANTS["ExGRPO paper"][2]
 PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed", "ExGRPO recommended")
-TASKS = ("arithmetic", "reasoning", "small_pool")
+TASKS = ("arithmetic", "reasoning", "small_pool", "weak_start")
 # Steps of a --quick run per task (full runs take the task's own max_steps).
-QUICK_STEPS = {"arithmetic": 100, "reasoning": 80, "small_pool": 80}
+QUICK_STEPS = {"arithmetic": 100, "reasoning": 80, "small_pool": 80, "weak_start": 80}
 # The small-pool task: the reasoning task cut to 1,000 training and 500 held-out questions, which its 300
 # steps of 32 questions cover about 10 times (the seed's regime: many epochs of one set).
 SMALL_POOL = {"num_questions": 1500, "val_fraction": 1 / 3}
 # The epoch the seed preset's replay starts in, per task: the seed says "after 5-10 epochs"; a reasoning run
 # sees half an epoch, so there it starts on min_buffer_size alone. None: as the preset ships.
-SEED_START_EPOCH = {"arithmetic": None, "reasoning": None, "small_pool": 5}
+SEED_START_EPOCH = {"arithmetic": None, "reasoning": None, "small_pool": 5, "weak_start": None}
+# The weak-start task's policy: scripts/make_reasoning_policy.py stopped at a lower pass@1 (see there).
+WEAK_START = "embedded:tiny-reasoning-weak"
 
 
 def _replay_callback(cli) -> ReplayCallback:
@@ -139,7 +149,7 @@ def _replay_callback(cli) -> ReplayCallback:
 def task_overlay(task: str) -> dict:
     """What a task changes in a preset: nothing for "arithmetic" (the presets' own task); for "reasoning"
     the model, reward, lengths, data and schedule of configs/quickstart_reasoning.yaml; "small_pool" is
-    "reasoning" with `SMALL_POOL`'s question set."""
+    "reasoning" with `SMALL_POOL`'s question set, "weak_start" "reasoning" from the `WEAK_START` policy."""
     if task == "arithmetic":
         return {}
     config = yaml.safe_load((ROOT / "configs" / "quickstart_reasoning.yaml").read_text())
@@ -152,6 +162,8 @@ def task_overlay(task: str) -> dict:
     if task == "small_pool":
         overlay["data"]["synthetic"]["init_args"]["num_questions"] = SMALL_POOL["num_questions"]
         overlay["data"]["val_fraction"] = SMALL_POOL["val_fraction"]
+    if task == "weak_start":
+        overlay["model"]["model_name_or_path"] = WEAK_START
     return overlay
 
 
@@ -159,8 +171,9 @@ class Record(Callback):
     """The validation curve [(step, generated tokens, val pass@1)] after the start, and what replay did:
     every replayed question (id and family) per step, every `every` steps the number of questions in play
     per correctness bucket (the latest group's correct count out of K; retired questions left out) and the
-    numbers of retired questions and of questions out of the fresh stream, and the mean length in tokens of
-    the replayed completions and of the fresh correct ones."""
+    numbers of retired questions and of questions out of the fresh stream, the mean length in tokens of
+    the replayed completions and of the fresh correct ones, and at each validation the fresh questions
+    trained on so far (`fresh`: [(counted each time, distinct)]; a group with a replayed row is not fresh)."""
 
     def __init__(self, every: int = 20) -> None:
         self.every = every
@@ -169,10 +182,13 @@ class Record(Callback):
         self.buckets: list[tuple[int, list[int]]] = []
         self.retired: list[tuple[int, int, int]] = []  # (step, retired, out of the fresh stream)
         self.tokens = {"replayed": [0, 0], "fresh_correct": [0, 0]}  # [tokens, completions]
+        self.fresh: list[tuple[int, int]] = []
+        self._fresh_trained, self._fresh_distinct = 0, set()
 
     def on_validation_end(self, trainer, pl_module) -> None:
         value = float(trainer.callback_metrics["val/pass@1"])
         self.curve.append((trainer.global_step, float(pl_module.generated_tokens), value))
+        self.fresh.append((self._fresh_trained, len(self._fresh_distinct)))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         rollouts = outputs["rollouts"]
@@ -183,6 +199,10 @@ class Record(Callback):
         ):
             self.tokens[kind][0] += int(lengths[mask].sum())
             self.tokens[kind][1] += int(mask.sum())
+        replayed_ids = set(rollouts.question_ids[rollouts.replayed].tolist())
+        fresh_ids = set(rollouts.question_ids[~rollouts.replayed].tolist()) - replayed_ids
+        self._fresh_trained += len(fresh_ids)
+        self._fresh_distinct |= fresh_ids
         rows = rollouts.replayed.nonzero().flatten().tolist()
         if rows:
             families = [rollouts.domains[i] if rollouts.domains else "" for i in rows]
@@ -263,7 +283,11 @@ def run(
     events.Reload()
     start = events.Scalars("val/pass@1")[0].value
     curve = [(0, 0.0, start), *record.curve]
-    result = {"seed": seed, "commit": code_version(), "curve": curve, "diagnostics": record.summary()}
+    fresh = [(0, 0), *record.fresh]
+    result = {
+        "seed": seed, "commit": code_version(), "curve": curve, "fresh_questions": fresh,
+        "diagnostics": record.summary(),
+    }  # fmt: skip
     if measure is not None:  # after the curve is read: the measurement may validate again
         result["final"] = measure(cli, task)
     return result
@@ -312,6 +336,12 @@ def at_tokens(curve: list, budget: float) -> float:
     """Val pass@1 of a curve at `budget` generated tokens (linear between validations)."""
     tokens = [point[1] for point in curve]
     return float(np.interp(budget, tokens, [point[2] for point in curve]))
+
+
+def at_fresh_questions(run_record: dict, budget: float) -> float:
+    """Val pass@1 of a run at `budget` fresh questions trained on (linear between validations)."""
+    trained = [point[0] for point in run_record["fresh_questions"]]
+    return float(np.interp(budget, trained, [point[2] for point in run_record["curve"]]))
 
 
 def summarise(results: dict) -> dict:

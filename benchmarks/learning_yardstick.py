@@ -16,7 +16,7 @@ curve point. Differences from GRPO are paired by seed, with 95% Student-t interv
     python benchmarks/learning_yardstick.py --jobs 2 --resume      # all presets and tasks, 5 seeds
 
 Writes benchmarks/results/learning_yardstick.json: the runs, and their summary (finished runs are kept with
---resume).
+--resume), and learning_yardstick.png: the T = 1 curves against steps and against fresh questions trained on.
 """
 
 from __future__ import annotations
@@ -28,8 +28,19 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+import numpy as np
 import yaml
-from learning import PRESETS, RESULTS, ROOT, TASKS, VARIANTS, interval, run
+from learning import (
+    PRESETS,
+    RESULTS,
+    ROOT,
+    TASKS,
+    VARIANTS,
+    _pyplot,
+    at_fresh_questions,
+    interval,
+    run,
+)
 
 from exgrpo_pl.data import (
     FAMILIES,
@@ -43,6 +54,7 @@ from exgrpo_pl.data import (
 TEMPERATURE = 0.6  # the paper's evaluation temperature
 SAMPLES = 4  # k of avg@k: the paper's 32 for AIME/AMC, fewer here for 500-question sets on a CPU
 OOD_QUESTIONS = 500
+EQUAL_FRESH = "T=1 at equal fresh questions"
 # Yardstick rows: (set, metric) -> its column name.
 MEASURES = {
     ("id", f"avg@{SAMPLES}"): f"ID avg@{SAMPLES}, T=0.6",
@@ -52,7 +64,9 @@ MEASURES = {
 }
 
 
-HELD_OUT = {"arithmetic": "add_nocarry", "reasoning": "mix4_1d", "small_pool": "mix4_1d"}
+HELD_OUT = {
+    "arithmetic": "add_nocarry", "reasoning": "mix4_1d", "small_pool": "mix4_1d", "weak_start": "mix4_1d"
+}  # fmt: skip
 
 
 def hold_out(overlay: dict, task: str) -> None:
@@ -89,12 +103,22 @@ def measure(cli, task: str) -> dict:
     return {name: rows[name] for name in eval_sets}
 
 
-def figures(run_record: dict) -> dict[str, float]:
-    """A run's yardstick figures by column, with our own (final val pass@1 at T = 1) first."""
+def figures(run_record: dict, fresh_budget: float | None = None) -> dict[str, float]:
+    """A run's yardstick figures by column, with our own (final val pass@1 at T = 1) first, and with a
+    `fresh_budget` its T = 1 curve read at that many fresh questions trained on (runs that recorded them)."""
     row = {"ours: val pass@1, T=1": run_record["curve"][-1][2]}
+    if fresh_budget is not None and "fresh_questions" in run_record:
+        row[EQUAL_FRESH] = at_fresh_questions(run_record, fresh_budget)
     for (name, metric), column in MEASURES.items():
         row[column] = run_record["final"][name][metric]
     return row
+
+
+def fresh_question_budget(variants: dict) -> float | None:
+    """The fresh questions every run of a task reached that recorded them (None: none did)."""
+    runs = [r for variant_runs in variants.values() for r in variant_runs if "fresh_questions" in r]
+    reached = [r["fresh_questions"][-1][0] for r in runs]
+    return min(reached) if reached else None
 
 
 def summarise(runs: dict) -> dict:
@@ -102,14 +126,20 @@ def summarise(runs: dict) -> dict:
     GRPO `"vs_grpo"`: its difference from GRPO's at the same seeds, in points (None: no seed shared)."""
     summary: dict = {}
     for task, variants in runs.items():
-        grpo = {r["seed"]: figures(r) for r in variants.get("GRPO", [])}
+        budget = fresh_question_budget(variants)
+        grpo = {r["seed"]: figures(r, budget) for r in variants.get("GRPO", [])}
         summary[task] = {}
         for name in (n for n in VARIANTS if n in variants):  # learning.py's order
-            rows = [figures(r) for r in variants[name]]
+            rows = [figures(r, budget) for r in variants[name]]
             seeds = [r["seed"] for r in variants[name]]
             summary[task][name] = {"seeds": len(rows)}
-            for column in rows[0]:
-                paired = [100 * (row[column] - grpo[s][column]) for row, s in zip(rows, seeds) if s in grpo]
+            # A column every run of the variant has (equal fresh questions: runs that recorded them).
+            for column in (c for c in rows[0] if all(c in row for row in rows)):
+                paired = [
+                    100 * (row[column] - grpo[s][column])
+                    for row, s in zip(rows, seeds)
+                    if s in grpo and column in grpo[s]
+                ]
                 summary[task][name][column] = {
                     "mean": interval([row[column] for row in rows]),
                     "vs_grpo": interval(paired) if name != "GRPO" and paired else None,
@@ -121,18 +151,52 @@ def table(summary: dict) -> str:
     """The summary as Markdown: each figure's mean ± 95% interval, and its paired difference from GRPO."""
     lines = []
     for task, variants in summary.items():
-        columns = [c for c in next(iter(variants.values())) if c != "seeds"]
+        columns = list(dict.fromkeys(c for row in variants.values() for c in row if c != "seeds"))
         lines += [f"\n{task}: mean ± 95% interval over seeds (vs GRPO, paired by seed, points)\n"]
         lines += ["| variant | seeds | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
         for name, row in variants.items():
             cells = []
             for column in columns:
+                if column not in row:  # runs made before the figure was recorded
+                    cells.append("—")
+                    continue
                 (mean, half), versus = row[column]["mean"], row[column]["vs_grpo"]
                 cells.append(
                     f"{mean:.3f} ± {half:.3f}" + (f" ({versus[0]:+.1f} ± {versus[1]:.1f})" if versus else "")
                 )
             lines.append(f"| {name} | {row['seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def plot_curves(runs: dict, path: Path) -> None:
+    """Per task, the T = 1 validation curves (mean over seeds, band: 95% interval) against optimizer steps and
+    against fresh questions trained on (runs that recorded them), one PNG."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.6 * len(runs)), squeeze=False, sharey="row")
+    for row, (task, variants) in zip(axes, runs.items()):
+        for name in (n for n in VARIANTS if n in variants):
+            curves = variants[name]
+            points = min(len(r["curve"]) for r in curves)
+            values = np.array([[p[2] for p in r["curve"][:points]] for r in curves])  # [seeds, points]
+            mean = values.mean(0)
+            half = np.array([interval(list(values[:, i]))[1] for i in range(points)])
+            axis_values = [("optimizer steps", [[p[0] for p in r["curve"][:points]] for r in curves])]
+            if all("fresh_questions" in r for r in curves):
+                trained = [[p[0] for p in r["fresh_questions"][:points]] for r in curves]
+                axis_values.append(("fresh questions trained on", trained))
+            for ax, (label, xs) in zip(row, axis_values):
+                x = np.array(xs).mean(0)
+                (line,) = ax.plot(x, mean, marker="o", markersize=3, label=name)
+                ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.15)
+                ax.set_xlabel(label)
+        row[0].set_ylabel(f"{task}: val pass@1, T=1")
+        row[0].legend(fontsize=7, loc="lower right")
+        for ax in row:
+            ax.grid(alpha=0.3)
+    fig.suptitle("Validation curves (mean over seeds; band: 95% interval), one family held out of training")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -172,8 +236,10 @@ def main() -> None:
             results.setdefault(task, {}).setdefault(name, []).append(record)
             # After every run: a stopped benchmark keeps what it measured.
             path.write_text(json.dumps({"summary": summarise(results), "runs": results}))
+            plot_curves(results, path.with_suffix(".png"))
             print(table(summarise(results)), flush=True)
     if not todo:
+        plot_curves(results, path.with_suffix(".png"))
         print(table(summarise(results)))
 
 

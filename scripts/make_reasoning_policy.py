@@ -8,6 +8,14 @@ scores it (every step checked), reaches `--stop-at`: weak enough that RL has muc
 that most batches hold right answers. Deterministic on CPU.
 
     python scripts/make_reasoning_policy.py       # writes exgrpo_pl/assets/tiny-reasoning
+
+The weaker `embedded:tiny-reasoning-weak` (benchmarks/learning.py's "weak_start" task) is the same warm-up
+stopped at a tenth of the questions right (step 400 here, 0.112; the task's validation at T = 1 reads 0.089):
+most groups of 8 still hold a right answer, so GRPO learns from the first step (0.22 after 50 steps), then
+slowly: its validation pass@1 at T = 1 is still 0.33 after 200 steps (seed 0), below the paper's replay
+trigger (a training batch's pass rate above 0.35), which the reasoning task's policy reaches in a few steps.
+
+    python scripts/make_reasoning_policy.py --stop-at 0.1 --out exgrpo_pl/assets/tiny-reasoning-weak
 """
 
 from __future__ import annotations

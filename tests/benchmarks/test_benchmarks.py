@@ -80,14 +80,18 @@ def test_learning_benchmark(bench):
 def test_learning_yardstick_benchmark(bench):
     names = ("GRPO", "ExGRPO recommended")
     out = bench(
-        "learning_yardstick", "--tasks", "reasoning", "--variants", *names, "--seeds", "1", "--steps", "3"
+        "learning_yardstick", "--tasks", "weak_start", "--variants", *names, "--seeds", "1", "--steps", "3"
     )
     result = json.loads((out / "learning_yardstick.json").read_text())
-    versus = result["summary"]["reasoning"]["ExGRPO recommended"]["OOD greedy"]["vs_grpo"]
-    assert versus[1] == 0.0  # one seed: a difference without an interval
+    row = result["summary"]["weak_start"]["ExGRPO recommended"]
+    assert row["OOD greedy"]["vs_grpo"][1] == 0.0  # one seed: a difference without an interval
+    assert "T=1 at equal fresh questions" in row
+    assert (out / "learning_yardstick.png").stat().st_size > 0
     for name in names:
-        (run,) = result["runs"]["reasoning"][name]
+        (run,) = result["runs"]["weak_start"][name]
         assert run["curve"][-1][0] == 3  # the final weights of a 3-step run of learning.py's
+        # 32 fresh questions a step, none replayed in 3 steps (the replay trigger has not fired)
+        assert [trained for trained, _ in run["fresh_questions"]] == [0, 32, 64, 96]
         for name in ("id", "ood"):
             assert {"avg@4", "greedy_pass@1", "pass@4"} <= set(run["final"][name])
         assert run["final"]["ood"]["problems"] == 500
