@@ -226,3 +226,10 @@ def test_the_readme_has_two_setup_commands_and_the_tests_one_is_what_ci_runs():
         and 'python -m pytest "$@"' in ci
         and re.search(r"^run_pytest -q( \|\||$)", ci, re.M)
     )
+
+
+def test_every_picture_in_the_readme_is_a_file_in_the_repository():
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README.read_text())
+    assert pictures, "the README shows the learning curves"
+    for picture in pictures:
+        assert (ROOT / picture).is_file(), picture

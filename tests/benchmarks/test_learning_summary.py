@@ -152,3 +152,24 @@ def test_the_retirement_and_demand_variants_change_what_they_say():
     assert paper_way.buffer.bucketer.retire_from == "buffer_and_stream" and paper_way.mode == "swap"
     paper = learning._replay_callback(_built("ExGRPO paper"))
     assert paper.buffer.bucketer.retire_from == "buffer_and_stream" and not paper.bounded_demand
+
+
+def test_the_weak_start_task_is_the_reasoning_task_from_the_weaker_policy():
+    overlay, reasoning = learning.task_overlay("weak_start"), learning.task_overlay("reasoning")
+    assert overlay["model"].pop("model_name_or_path") == "embedded:tiny-reasoning-weak"
+    reasoning["model"].pop("model_name_or_path")
+    assert overlay == reasoning
+
+
+def test_a_curve_is_read_at_equal_fresh_questions_between_validations():
+    run = make_run(0, 0.50)
+    run["fresh_questions"] = [(0, 0), (320, 320)]
+    assert learning.at_fresh_questions(run, 160) == pytest.approx(0.40)  # halfway from 0.30 to 0.50
+
+
+def test_the_headline_plot_waits_for_every_task_and_variant(tmp_path):
+    runs = {name: [make_run(0, 0.5, 10), make_run(1, 0.6, 10)] for name in learning.HEADLINE["variants"]}
+    results = {task: dict(runs) for task in learning.HEADLINE["tasks"]}
+    assert learning.plot_headline(results, tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 0
+    del results["small_pool"]["ExGRPO paper"]
+    assert not learning.plot_headline(results, tmp_path / "b.png") and not (tmp_path / "b.png").exists()

@@ -1,0 +1,44 @@
+"""The yardstick benchmark's summary: the T = 1 curve read at equal fresh questions, for runs that recorded
+them, and a dash in the table for runs that did not."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+from learning_yardstick import EQUAL_FRESH, MEASURES, summarise, table  # noqa: E402
+
+
+def make_run(seed: int, final: float, fresh: list | None = None) -> dict:
+    run = {
+        "seed": seed,
+        "curve": [(0, 0.0, 0.3), (10, 100.0, final)],
+        "final": {"id": {}, "ood": {}},
+    }
+    for name, metric in MEASURES:
+        run["final"][name][metric] = final
+    if fresh is not None:
+        run["fresh_questions"] = fresh
+    return run
+
+
+def test_equal_fresh_questions_read_each_curve_where_every_recording_run_got_to():
+    runs = {
+        "GRPO": [make_run(0, 0.50, [(0, 0), (320, 320)])],
+        # replayed half of its steps' questions: 160 fresh by the end; GRPO is read at 160 too
+        "ExGRPO paper": [make_run(0, 0.46, [(0, 0), (160, 160)])],
+    }
+    rows = summarise({"reasoning": runs})["reasoning"]
+    assert rows["GRPO"][EQUAL_FRESH]["mean"][0] == pytest.approx(0.40)
+    assert rows["ExGRPO paper"][EQUAL_FRESH]["mean"][0] == pytest.approx(0.46)
+    assert rows["ExGRPO paper"][EQUAL_FRESH]["vs_grpo"][0] == pytest.approx(6.0)
+
+
+def test_runs_that_did_not_record_fresh_questions_show_a_dash():
+    runs = {"GRPO": [make_run(0, 0.50)], "ExGRPO paper": [make_run(0, 0.46, [(0, 0), (160, 160)])]}
+    summary = summarise({"reasoning": runs})
+    assert EQUAL_FRESH not in summary["reasoning"]["GRPO"]
+    assert summary["reasoning"]["ExGRPO paper"][EQUAL_FRESH]["vs_grpo"] is None  # GRPO has none to pair
+    grpo_row = next(line for line in table(summary).splitlines() if line.startswith("| GRPO"))
+    assert grpo_row.endswith("| — |")
