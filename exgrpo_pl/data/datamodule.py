@@ -12,6 +12,10 @@ slots are filled by seeing some remaining questions twice. So no collective wait
 and Lightning's epoch length (epoch-end validation, `max_epochs` schedules, the progress bar) stays right.
 Call `exclude_questions` with the same ids on every rank; otherwise the ranks' shards overlap.
 
+Deferred questions: after `stream_passes()` (`ReplayCallback(displaced_questions="defer")` calls it),
+training batches are one stream of passes that goes on across epochs (`exgrpo_pl.data.stream`), and
+`defer_questions(ids)` hands the questions a step left out out again first.
+
 Resume: the training loader is a torchdata `StatefulDataLoader`; Lightning saves its state (the current
 pass's seed, number and order, and how many batches were taken) in each checkpoint and restores it, so a
 resumed run trains on exactly the batches the uninterrupted run would have, in every later epoch too.
@@ -27,11 +31,13 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from exgrpo_pl.data.eval_sets import COLUMN_OPTIONS, EvalSet, check_names, eval_rows
 from exgrpo_pl.data.loaders import ExcludingRandomSampler, ResumableLoader, RowDataset, collate_rows
 from exgrpo_pl.data.loading import check_answer_from, find_row, load_rows, split_rows
+from exgrpo_pl.data.stream import PassStream
 from exgrpo_pl.data.synthetic import ArithmeticTask
 from exgrpo_pl.data.task import SyntheticTask
 from exgrpo_pl.seeding import derive_seed
@@ -117,6 +123,7 @@ class PromptDataModule(L.LightningDataModule):
         self._start_rows: int | None = None  # active training rows when the run's training began
         self._sampler: ExcludingRandomSampler | None = None  # the latest training loader's
         self._pass_hooks: list[Callable[[PromptDataModule], None]] = []
+        self._streaming = False  # stream_passes()
         self._train_rows: list[dict[str, Any]] | None = None
         self._val_rows: list[dict[str, Any]] = []
 
@@ -227,17 +234,63 @@ class PromptDataModule(L.LightningDataModule):
         self._excluded.clear()  # in place: the training sampler holds a reference to this set
         self._excluded.update(ids)
 
+    def stream_passes(self) -> None:
+        """Makes the training batches one stream of passes from the next training loader on, for
+        `defer_questions` (`ReplayCallback(displaced_questions="defer")` calls it at setup).
+
+        An epoch (Lightning's `num_training_batches` batches) then goes on with the pass the last one left
+        unfinished; the next pass, with the pass hooks, is drawn when its first question is needed. Every
+        training loader built afterwards takes its batches from that stream, in this process (workers would
+        fetch ahead of the steps): `num_workers` then applies to the validation loaders only.
+        """
+        if not self._streaming and self.hparams.num_workers > 0:
+            rank_zero_warn(
+                f"PromptDataModule num_workers={self.hparams.num_workers}: with deferred questions"
+                " (ReplayCallback displaced_questions='defer') the training batches are taken in this"
+                " process, since workers would fetch them ahead of the steps that defer questions; the"
+                " validation loaders keep their workers"
+            )
+        self._streaming = True
+
+    def defer_questions(self, ids: Iterable[int]) -> None:
+        """Hands the questions a step left out out again first: `ids` are the last questions of the latest
+        training batch (a mixed replay step leaves out its batch's last ones), in their order; the next batch
+        starts with them, and the stream then goes on where it was. Needs `stream_passes()`.
+
+        Args:
+            ids: question ids (ints or 0-d tensors), the last `len(ids)` of the latest batch; else ValueError.
+        """
+        if not self._streaming or not isinstance(self._sampler, PassStream):
+            raise RuntimeError(
+                "defer_questions needs a stream of passes: call stream_passes() before the training loader"
+                " is built (ReplayCallback(displaced_questions='defer') does so at setup)"
+            )
+        self._sampler.rewind([int(qid) for qid in ids])
+
+    @property
+    def deferred_waiting(self) -> int:
+        """Questions handed back by `defer_questions` and not taken by a batch yet."""
+        return self._sampler.waiting if isinstance(self._sampler, PassStream) else 0
+
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches that skip retired questions, sharded across the trainer's ranks, with
-        their pass and position in Lightning's checkpoints (a `StatefulDataLoader`)."""
+        their pass and position in Lightning's checkpoints (a `StatefulDataLoader`); after `stream_passes()`,
+        taken from one stream of passes that every training loader of this datamodule shares."""
         rows, hp = self.train_rows, self.hparams
         num_replicas, rank = self._replicas()
         seed = hp.seed if hp.seed is not None else derive_seed("data")
-        sampler = ExcludingRandomSampler(
-            [row["id"] for row in rows], self._excluded, seed, num_replicas, rank, self._start_rows
-        )
-        if self._sampler is not None:  # a reloaded loader goes on counting passes
-            sampler.epoch = self._sampler.epoch
+        kept = self._sampler
+        same_ranks = kept is not None and (kept.num_replicas, kept.rank) == (num_replicas, rank)
+        if self._streaming and isinstance(kept, PassStream) and same_ranks:
+            sampler = kept  # one stream: a loader built again (or counted and dropped) goes on with it
+        else:
+            ids, stream = [row["id"] for row in rows], {}
+            if self._streaming:
+                stream = dict(batch_size=hp.batch_size, drop_last=hp.drop_last, before_pass=self._before_pass)
+            make = PassStream if self._streaming else ExcludingRandomSampler
+            sampler = make(ids, self._excluded, seed, num_replicas, rank, self._start_rows, **stream)
+            if kept is not None:  # a reloaded loader goes on counting passes
+                sampler.epoch = kept.epoch
         self._sampler, self._start_rows = sampler, sampler.start_rows
         if hp.drop_last and 0 < len(sampler) < hp.batch_size:  # none active: iterating says all are retired
             split = self._val_rows and hp.val_path is None
@@ -255,7 +308,7 @@ class PromptDataModule(L.LightningDataModule):
             batch_size=hp.batch_size,
             sampler=sampler,
             collate_fn=collate_rows,
-            num_workers=hp.num_workers,
+            num_workers=0 if self._streaming else hp.num_workers,
             drop_last=hp.drop_last,
             # Its own generator: starting an iterator (each epoch) then draws nothing from torch's global one,
             # which samples the rollouts and which a resumed run restores just before.

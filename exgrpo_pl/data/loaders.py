@@ -56,6 +56,17 @@ def collate_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
+def check_enough_left(sampler: ExcludingRandomSampler, batch_size: int) -> None:
+    """Raises RuntimeError when the pass just drawn holds fewer questions than a batch (a batch would hold
+    a question twice), unless the run started with fewer."""
+    left = len(sampler.order)
+    if left < min(batch_size, sampler.start_rows):
+        raise RuntimeError(
+            f"only {left} of {len(sampler.question_ids)} training questions are left (the others are"
+            f" retired), fewer than one batch of {batch_size}; nothing is left to train on"
+        )
+
+
 class ExcludingRandomSampler(DistributedSampler):
     """Shuffles the dataset indices of one pass (epoch), skipping the rows whose question id is excluded, and
     shards the pass across ranks itself.
@@ -71,6 +82,7 @@ class ExcludingRandomSampler(DistributedSampler):
 
     It subclasses `DistributedSampler` only so that Lightning does not wrap it in a
     `DistributedSamplerWrapper`, whose own shuffle and eager listing a resumed run could not restore.
+    `exgrpo_pl.data.stream.PassStream` hands the same passes out as one stream (`is_stream`).
 
     Args:
         question_ids: the question id of each dataset index.
@@ -81,6 +93,8 @@ class ExcludingRandomSampler(DistributedSampler):
         start_rows: active rows when the run started, which sets the length of every pass; None: the active
             rows now.
     """
+
+    is_stream = False  # PassStream: iterating goes on from its own position, across epochs
 
     def __init__(
         self,
@@ -163,6 +177,9 @@ class ResumableLoader(StatefulDataLoader):
     before it took a batch (Lightning does so on some resumes) goes over the same pass from the same place
     instead of beginning another.
 
+    Over a `PassStream` (`exgrpo_pl.data.stream`) it begins no pass: each iteration goes on from the
+    stream's position, which draws passes itself, and the state saved is the stream's.
+
     Args:
         args: `StatefulDataLoader`'s.
         epoch_batches: the most batches an epoch takes; None: no limit.
@@ -184,6 +201,8 @@ class ResumableLoader(StatefulDataLoader):
         self._taken_at_start = 0
 
     def __iter__(self):
+        if self.sampler.is_stream:  # every iterator goes on from the stream's own position
+            return super().__iter__()
         iterator = self._iterator
         # `_num_yielded` counts the batches an iterator handed out (torch's DataLoader iterator).
         untouched = iterator is not None and iterator._num_yielded == self._taken_at_start
@@ -194,19 +213,16 @@ class ResumableLoader(StatefulDataLoader):
             if self.before_pass is not None:
                 self.before_pass()
             self.sampler.begin_pass()
-            left = len(self.sampler.order)
-            if left < min(self.batch_size, self.sampler.start_rows):  # a batch would hold a question twice
-                raise RuntimeError(
-                    f"only {left} of {len(self.sampler.question_ids)} training questions"
-                    f" are left (the others are retired), fewer than one batch of {self.batch_size}"
-                    "; nothing is left to train on"
-                )
+            check_enough_left(self.sampler, self.batch_size)
         iterator = super().__iter__()
         self._taken_at_start = iterator._num_yielded
         return iterator
 
     def state_dict(self) -> dict[str, Any]:
-        """`{"pass": the sampler's pass, "loader": torchdata's state, None at the end of the pass}`."""
+        """`{"pass": the sampler's pass, "loader": torchdata's state, None at the end of the pass}`; over a
+        `PassStream`, `{"pass": the stream's state, "loader": None}` (the stream holds its position)."""
+        if self.sampler.is_stream:
+            return {"pass": self.sampler.pass_state(), "loader": None}
         iterator = self._iterator
         limit = self.epoch_batches() if self.epoch_batches is not None else math.inf
         finished = iterator is None or iterator._num_yielded >= min(len(iterator), limit)
@@ -217,6 +233,14 @@ class ResumableLoader(StatefulDataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores the pass, and the position in it when it was not finished."""
+        if self.sampler.is_stream:
+            state, saved = dict(state_dict["pass"]), state_dict["loader"]
+            if "position" not in state and saved:  # saved by the plain sampler: its torchdata count
+                state["position"] = int(saved.get("_sampler_iter_yielded", 0))
+            self.sampler.restore_pass(state)
+            self._restored = None
+            super().load_state_dict({})
+            return
         self.sampler.restore_pass(state_dict["pass"])
         self._restored = state_dict["loader"]
         super().load_state_dict(self._restored or {})
