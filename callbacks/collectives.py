@@ -20,6 +20,16 @@ def max_across_ranks(trainer: Trainer, value: int) -> int:
     return int(reduced)
 
 
+def min_across_ranks(trainer: Trainer, value: int) -> int:
+    """The smallest `value` over all ranks."""
+    if trainer.world_size == 1:
+        return value
+    reduced = trainer.strategy.reduce(
+        torch.tensor(value, device=trainer.strategy.root_device), reduce_op="min"
+    )
+    return int(reduced)
+
+
 def all_ranks(trainer: Trainer, flag: bool) -> bool:
     """True when `flag` holds on every rank, so every rank takes the same branch."""
     if trainer.world_size == 1:

@@ -18,22 +18,24 @@ import torch.distributed as dist
 from exgrpo_pl.callbacks import replay_checks
 from exgrpo_pl.callbacks.collectives import (
     all_ranks,
-    max_across_ranks,
+    min_across_ranks,
     object_group,
     rank_and_world_size,
     union_across_ranks,
 )
+from exgrpo_pl.callbacks.rescoring import Rescoring
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule, StepChecker
 from exgrpo_pl.logging_steps import writes_step_metrics
 from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.strategies import needs_synced_generation, zero_stage
 from exgrpo_pl.validation import check_number
+
+DISPLACED_QUESTIONS = ("discard", "defer")  # what becomes of the fresh questions a replay step displaces
 
 
 class ReplayCallback(Callback):
@@ -52,6 +54,15 @@ class ReplayCallback(Callback):
     every rank: an all-reduce (max) of the ranks' forward counts, then that many forwards, padded with
     dummy ones. Under DDP nothing is added.
 
+    The fresh questions a replay step displaces (a mixed step's last ones, as many as it replays; a swap
+    step's whole batch) are dropped by default, as in the paper's code. With
+    `displaced_questions="defer"` they come back first in the next batch instead (`PromptDataModule`'s
+    training batches then form one stream of passes, see `PromptDataModule.stream_passes`), so every
+    training question is still trained on once per pass, and a pass takes proportionally more steps. Every
+    rank then displaces as many questions at each step (the fewest any rank replays: a rank with more
+    replays only that many), so the ranks' streams reach each pass boundary, where retirement gathers across
+    ranks, at the same step.
+
     Args:
         buffer: where trajectories are kept; default `TrajectoryBuffer()` (the seed's defaults).
         replay: how experience is chosen; default `SelectiveReplay()` (the seed's defaults).
@@ -67,6 +78,11 @@ class ReplayCallback(Callback):
             medium-difficulty range (`replay.medium_range`), and the rest of the batch stays fresh, instead of
             drawing the rho share from wherever it can, which drains the medium tiers and then the tiers on
             either side when few questions arrive there per step. False replays the full share (the paper).
+        displaced_questions: "discard" (the paper's code: the fresh questions a replay step displaces are not
+            trained on in this pass) or "defer" (they come back first in the next batch, and the pass takes
+            longer; needs a datamodule with `stream_passes()` and `defer_questions()`, as
+            `PromptDataModule`). Under DDP, "defer" makes every rank replay the fewest questions any rank
+            replays at that step.
     """
 
     def __init__(
@@ -79,6 +95,7 @@ class ReplayCallback(Callback):
         start_pass_rate: float | None = None,
         min_buffer_size: int = 1000,
         bounded_demand: bool = False,
+        displaced_questions: str = "discard",
     ) -> None:
         if mode not in REPLAY_MODES:
             raise ValueError(f"ReplayCallback mode={mode!r}; allowed: {', '.join(REPLAY_MODES)}")
@@ -87,6 +104,11 @@ class ReplayCallback(Callback):
         check_number("ReplayCallback", "replay_start_epoch", start_epoch, 0, integer=True, optional=True)
         check_number("ReplayCallback", "start_pass_rate", start_pass_rate, 0, 1, optional=True)
         check_number("ReplayCallback", "min_buffer_size", min_buffer_size, 1, integer=True)
+        if displaced_questions not in DISPLACED_QUESTIONS:
+            raise ValueError(
+                f"ReplayCallback displaced_questions={displaced_questions!r}; allowed: "
+                f"{', '.join(DISPLACED_QUESTIONS)}"
+            )
         self.buffer = buffer if buffer is not None else TrajectoryBuffer()
         self.replay = replay if replay is not None else SelectiveReplay()
         percentiles = self.buffer.entropy_percentiles
@@ -108,6 +130,9 @@ class ReplayCallback(Callback):
         self.start_pass_rate = start_pass_rate
         self.min_buffer_size = min_buffer_size
         self.bounded_demand = bool(bounded_demand)
+        self.displaced_questions = displaced_questions
+        self._defers = displaced_questions == "defer"
+        self.deferred_total = 0  # questions deferred in this run, resumes included
         self._warned_small_stream = False
         self.pass_rate_reached = start_pass_rate is None
         self.fallback_steps = 0
@@ -143,6 +168,9 @@ class ReplayCallback(Callback):
         self._retire_at_epoch_start = add_pass_hook is None
         if add_pass_hook is not None:
             add_pass_hook(self._exclude_retired)
+        if self._defers and stage == "fit":
+            replay_checks.check_streams(trainer.datamodule)
+            trainer.datamodule.stream_passes()
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -194,22 +222,37 @@ class ReplayCallback(Callback):
         if not self.replay_active(trainer) or not self.replay.should_replay():
             return
         size = self._demand(len(batch["prompt"]), pl_module.num_generations)
+        if self._defers and self.mode == "mix":  # as many displaced on every rank: their streams stay alike
+            size = min_across_ranks(trainer, size)
         if not all_ranks(trainer, len(self.buffer) >= self.min_buffer_size and size > 0):
             self.fallback_steps += 1
             return
         started = time.perf_counter()
         synced = self.replay.rescores and needs_synced_generation(trainer)
-        rescoring = _Rescoring(trainer, pl_module, synced)
+        rescoring = Rescoring(trainer, pl_module, synced)
         experience = self.replay.sample(self.buffer, size, entropy_fn=rescoring)
         # Before any other collective (the all-reduce below is one), so every rank's sequence matches.
         rescoring.join(experience)
         self.last_timings["timing/replay_rescore"] = rescoring.seconds
         self.last_timings["timing/replay_sample"] = time.perf_counter() - started - rescoring.seconds
+        if self._defers and self.mode == "mix":  # a rank may draw fewer than `size`
+            experience = experience.select(torch.arange(min_across_ranks(trainer, len(experience))))
         if not all_ranks(trainer, len(experience) > 0):
             self.fallback_steps += 1
             return
         batch["experience"] = Experience(self.mode, experience)
         self.replayed_steps += 1
+        if self._defers:
+            self._defer_displaced(trainer, batch, len(experience))
+
+    def _defer_displaced(self, trainer: Trainer, batch: Any, replayed: int) -> None:
+        """Hands the questions this step displaces back to the datamodule's stream: a mixed step's last
+        `replayed` (as `plan_rollouts` leaves them out), a swap step's whole batch."""
+        questions = len(batch["prompt"])
+        displaced = questions if self.mode == "swap" else min(replayed, questions)
+        ids = batch["question_id"][questions - displaced :]
+        trainer.datamodule.defer_questions([int(qid) for qid in ids])
+        self.deferred_total += displaced
 
     def _demand(self, questions: int, k: int) -> int:
         """How much this step asks of the buffer: swap mode, a whole batch of trajectories; mix mode, the rho
@@ -251,6 +294,9 @@ class ReplayCallback(Callback):
             "replay/replayed_steps": float(self.replayed_steps),
             **self.last_timings,
         }
+        if self._defers:
+            metrics["replay/deferred_questions"] = float(trainer.datamodule.deferred_waiting)
+            metrics["replay/deferred_total"] = float(self.deferred_total)
         if bool(replayed.any()):
             staleness = trainer.global_step - rollouts.policy_version[replayed].float()
             metrics["replay/staleness"] = staleness.mean().item()
@@ -283,6 +329,7 @@ class ReplayCallback(Callback):
             "pass_rate_reached": self.pass_rate_reached,
             "fallback_steps": self.fallback_steps,
             "replayed_steps": self.replayed_steps,
+            "deferred_total": self.deferred_total,
             "options": replay_checks.options(self),
         }
         rank, world_size = rank_and_world_size()
@@ -328,48 +375,12 @@ class ReplayCallback(Callback):
                 stacklevel=2,
             )
         own = ranks[index]
-        replay_checks.warn_changed(own.get("options"), replay_checks.options(self))
+        current, default = replay_checks.options(self), replay_checks.defaults(self)
+        replay_checks.warn_changed(own.get("options"), current, default)
         self.buffer.load_state_dict(own["buffer"])
         self.replay.load_state_dict(own["replay"])
         # A run resumed without the pass-rate trigger has no rate to wait for, whatever the saved run had.
         self.pass_rate_reached = own["pass_rate_reached"] or self.start_pass_rate is None
         self.fallback_steps = own["fallback_steps"]
         self.replayed_steps = own["replayed_steps"]
-
-
-class _Rescoring:
-    """The `entropy_fn` of one replay step: scores candidates under the current policy, and times it.
-
-    With `synced` (ZeRO-3/FSDP: every forward is a collective) a call is this rank's rescoring round: the
-    ranks agree on the largest forward count (all-reduce max; this rank's is 0 without candidates), then
-    each runs exactly that many, the surplus being discarded dummy forwards. Every rank takes part in one
-    round per step: the buffer calls `entropy_fn` once per sample, or not at all when the sampled questions
-    have no stored trajectory, and `join` then runs the round with nothing to score.
-    """
-
-    def __init__(self, trainer: Trainer, pl_module: LightningModule, synced: bool) -> None:
-        self.trainer = trainer
-        self.pl_module = pl_module
-        self.synced = synced
-        self.rounds = 0
-        self.seconds = 0.0
-
-    def __call__(self, candidates: RolloutBatch) -> torch.Tensor:
-        if self.synced and self.rounds:
-            # A second round on this rank only would leave the other ranks waiting in their next collective.
-            raise RuntimeError("entropy_fn called twice in one sample(): ranks would fall out of step")
-        started = time.perf_counter()
-        with torch.no_grad():
-            if self.synced:
-                forwards = max_across_ranks(self.trainer, self.pl_module.entropy_forwards(candidates))
-                scores = self.pl_module.score_entropy(candidates, num_forwards=forwards)
-            else:
-                scores = self.pl_module.score_entropy(candidates)
-        self.rounds += 1
-        self.seconds += time.perf_counter() - started
-        return scores.cpu()
-
-    def join(self, sampled: RolloutBatch) -> None:
-        """Take part in the round (with no rows) if this rank's sample() never called `entropy_fn`."""
-        if self.synced and not self.rounds:
-            self(sampled.select(torch.zeros(0, dtype=torch.long)))
+        self.deferred_total = own.get("deferred_total", 0)  # saved since displaced_questions exists

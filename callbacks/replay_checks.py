@@ -1,14 +1,16 @@
 """What `ReplayCallback` checks so that a replay that cannot happen is never silent.
 
 - Contradictions its options show (a `min_buffer_size` above the buffer's `max_size`, a `replay_start_epoch`
-  at or past the trainer's `max_epochs`) are errors before training (`check_options`, `check_trainer`).
+  at or past the trainer's `max_epochs`, `displaced_questions="defer"` with a datamodule that cannot take
+  questions back) are errors before training (`check_options`, `check_trainer`, `check_streams`).
 - Contradictions that depend on the data (fewer rollouts in the whole run, or fewer storable trajectories,
   than `min_buffer_size`; `max_steps` ending the run before `replay_start_epoch`) are a warning when training
   starts, naming the numbers (`warn_if_unreachable`).
 - A run whose replay phase began but that never replayed says so when training ends
   (`warn_if_never_replayed`).
 - A resume with other replay options than the checkpoint's lists them, as the module does for its own
-  (`options`, `warn_changed`); a checkpoint saved without a `ReplayCallback` is said to start replay afresh.
+  (`options`, `warn_changed`; an option the checkpoint predates counts as its default, `defaults`); a
+  checkpoint saved without a `ReplayCallback` is said to start replay afresh.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 _PLAIN = (bool, int, float, str, type(None))
 # Not compared on resume: the sampler's seed only starts its generators, and a resume restores their state.
 _NOT_OPTIONS = {"self", "seed"}
+STREAM_METHODS = ("stream_passes", "defer_questions")  # what displaced_questions="defer" needs
 
 
 def check_options(callback) -> None:
@@ -41,6 +44,20 @@ def check_trainer(callback, trainer) -> None:
         raise ValueError(
             f"ReplayCallback replay_start_epoch={start}: must be < trainer.max_epochs={max_epochs} (epochs"
             f" count from 0), or replay can never start; the run would be plain GRPO"
+        )
+
+
+def check_streams(datamodule) -> None:
+    """Raises TypeError unless the datamodule can take back the questions a replay step displaces (call in
+    `setup` under `displaced_questions="defer"`)."""
+    missing = [name for name in STREAM_METHODS if not callable(getattr(datamodule, name, None))]
+    if missing:
+        what = "no datamodule" if datamodule is None else type(datamodule).__name__
+        raise TypeError(
+            f"ReplayCallback displaced_questions='defer' needs a datamodule with "
+            f"{' and '.join(f'{name}()' for name in STREAM_METHODS)} (exgrpo_pl.data.PromptDataModule has"
+            f" them), to hand the questions a replay step displaces back to its training stream; {what} has"
+            f" no {', '.join(missing)}. Use displaced_questions='discard', or a PromptDataModule."
         )
 
 
@@ -105,16 +122,30 @@ def warn_if_never_replayed(callback, trainer) -> None:
     )
 
 
-def options(callback) -> dict[str, Any]:
-    """The callback's options and those of its buffer, bucketer and replay sampler, flat and primitive:
-    `{"mode": "mix", "buffer.max_size": 100000, "buffer.bucketer.window_size": 8, ...}`."""
-    found: dict[str, Any] = {}
-    for prefix, owner in (
+def _owners(callback) -> tuple[tuple[str, Any], ...]:
+    return (
         ("", callback),
         ("buffer.", callback.buffer),
         ("buffer.bucketer.", callback.buffer.bucketer),
         ("replay.", callback.replay),
-    ):
+    )
+
+
+def defaults(callback) -> dict[str, Any]:
+    """The default of each option of `options` that has a plain one, under the same names."""
+    found: dict[str, Any] = {}
+    for prefix, owner in _owners(callback):
+        for name, parameter in inspect.signature(type(owner).__init__).parameters.items():
+            if name not in _NOT_OPTIONS and isinstance(parameter.default, _PLAIN):
+                found[prefix + name] = parameter.default
+    return found
+
+
+def options(callback) -> dict[str, Any]:
+    """The callback's options and those of its buffer, bucketer and replay sampler, flat and primitive:
+    `{"mode": "mix", "buffer.max_size": 100000, "buffer.bucketer.window_size": 8, ...}`."""
+    found: dict[str, Any] = {}
+    for prefix, owner in _owners(callback):
         for name in inspect.signature(type(owner).__init__).parameters:
             value = getattr(owner, name, None)
             if isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value):
@@ -124,11 +155,16 @@ def options(callback) -> dict[str, Any]:
     return found
 
 
-def warn_changed(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
+def warn_changed(
+    saved: dict[str, Any] | None, current: dict[str, Any], default: dict[str, Any] | None = None
+) -> None:
     """Warns, listing them, when the replay options of this run differ from a checkpoint's (`options`);
-    a checkpoint from before options were saved (`saved` None) is not compared."""
+    a checkpoint from before options were saved (`saved` None) is not compared, and an option missing from
+    `saved` (the checkpoint predates it) is compared as its `default` value (`defaults`), the behaviour the
+    saved run had."""
     if saved is None:
         return
+    saved = {**(default or {}), **saved}
     lines = [
         f"{name}: {saved.get(name)!r} in the checkpoint, {value!r} in this run"
         for name, value in current.items()

@@ -5,7 +5,7 @@ end, and a resume with other replay options lists them."""
 import pytest
 from conftest import tiny_module
 from exgrpo_pl.callbacks import ReplayCallback
-from exgrpo_pl.callbacks.replay_checks import options
+from exgrpo_pl.callbacks.replay_checks import defaults, options, warn_changed
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from test_replay_callback import fit, uniform_replay
@@ -101,6 +101,18 @@ def test_options_flatten_the_callback_and_its_parts():
     assert "replay.seed" not in found  # the resumed sampler continues its saved generators whatever it is
 
 
+def test_an_option_a_checkpoint_predates_counts_as_its_default(recwarn):
+    """A checkpoint saved before `displaced_questions` existed resumes without a warning, unless this run
+    sets it to something else than the behaviour the saved run had."""
+    callback = ReplayCallback(mode="mix")
+    saved = {k: v for k, v in options(callback).items() if k != "displaced_questions"}
+    warn_changed(saved, options(callback), defaults(callback))
+    assert not recwarn.list
+    deferring = ReplayCallback(mode="mix", displaced_questions="defer")
+    with pytest.warns(UserWarning, match="displaced_questions: 'discard' in the checkpoint, 'defer'"):
+        warn_changed(saved, options(deferring), defaults(deferring))
+
+
 def resume(tmp_path, model_dir, callbacks, checkpoint):
     seed_everything(0)
     trainer = Trainer(
@@ -131,13 +143,16 @@ def test_resuming_with_other_replay_options_lists_them(saved, tmp_path, tiny_mod
         mode="mix",
         min_buffer_size=1,
         bounded_demand=True,
+        displaced_questions="defer",
     )
-    with pytest.warns(UserWarning, match=r"4 ReplayCallback option\(s\) differ") as caught:
+    with pytest.warns(UserWarning, match=r"5 ReplayCallback option\(s\) differ") as caught:
         resume(tmp_path, tiny_model_dir, [changed], saved[0])
     assert changed.replayed_steps == 1  # no pass-rate trigger in this run: step 3 replays
     (message,) = [str(w.message) for w in caught if "ReplayCallback option" in str(w.message)]
     assert "mode: 'swap' in the checkpoint, 'mix' in this run" in message
     assert "bounded_demand: False in the checkpoint, True in this run" in message
+    assert "displaced_questions: 'discard' in the checkpoint, 'defer' in this run" in message
+    assert changed.deferred_total > 0  # step 3 deferred what it displaced, into the restored pass
     assert "buffer.bucketer.window_size: 100 in the checkpoint, 7 in this run" in message
     assert "start_pass_rate: 1.0 in the checkpoint, None in this run" in message
 
