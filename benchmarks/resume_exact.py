@@ -8,6 +8,9 @@ S steps straight against a run stopped and then resumed with `--ckpt_path last` 
     end    stopped by max_steps at the first epoch's last step E; S = max(60, E + 4) (60 with the arithmetic
            configs' 56-step epochs, 613 with the reasoning task's 609: quickstart, quickstart_reasoning)
 
+Besides the shipped configs, variants of one with a ReplayCallback option changed (`VARIANTS`): exgrpo_defer
+is configs/exgrpo.yaml with `displaced_questions: defer`, whose training stream goes on across epochs.
+
 Compares the two runs' final checkpoints (weights, Adam state and schedule, the replay buffer and
 generators, the sampling RNG, the loops with the data loader's pass and position, the retired questions,
 the token counters) and the logged train/reward series, and prints the largest difference of each.
@@ -15,6 +18,7 @@ the token counters) and the logged train/reward series, and prints the largest d
     python benchmarks/resume_exact.py                                # every config, every case
     python benchmarks/resume_exact.py --configs quickstart --cases mid kill
     python benchmarks/resume_exact.py --configs grpo_baseline --steps 12 --questions 200   # a smoke run
+    python benchmarks/resume_exact.py --configs exgrpo_defer                         # the deferring variant
 
 Writes benchmarks/results/resume_exact.json (merged with the cases already there).
 """
@@ -42,26 +46,44 @@ from exgrpo_pl.data import PromptDataModule
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 # Every shipped config that runs on the CPU (an embedded model): the hub-model presets need a GPU.
-CONFIGS = sorted(
+SHIPPED = sorted(
     path.stem
     for path in (ROOT / "configs").glob("*.yaml")
     if str(yaml.safe_load(path.read_text())["model"]["model_name_or_path"]).startswith("embedded:")
 )
+# A shipped config with ReplayCallback options changed: name -> (config, the options)
+VARIANTS = {"exgrpo_defer": ("exgrpo", {"displaced_questions": "defer"})}
+CONFIGS = SHIPPED + sorted(VARIANTS)
 CASES = ["mid", "kill", "end"]
 STEPS = 60  # the mid case stops half-way
 
 
 def config_path(name: str, workdir: Path, questions: int | None) -> Path:
-    """configs/<name>.yaml, or for a smoke run a copy with that many questions, validating every 4 steps."""
-    path = ROOT / "configs" / f"{name}.yaml"
-    if questions is None:
+    """configs/<name>.yaml; for a variant, a copy of its config with its ReplayCallback options; for a smoke
+    run, a copy with that many questions, validating every 4 steps."""
+    base, replay_options = VARIANTS.get(name, (name, None))
+    path = ROOT / "configs" / f"{base}.yaml"
+    if questions is None and replay_options is None:
         return path
     cfg = yaml.safe_load(path.read_text())
-    cfg["data"]["synthetic"]["init_args"]["num_questions"] = questions
-    cfg["trainer"]["val_check_interval"] = 4
-    small = workdir / f"{name}.yaml"
-    small.write_text(yaml.safe_dump(cfg))
-    return small
+    for callback in cfg["trainer"]["callbacks"] if replay_options else []:
+        if callback["class_path"].endswith("ReplayCallback"):
+            callback["init_args"].update(replay_options)
+    if questions is not None:
+        cfg["data"]["synthetic"]["init_args"]["num_questions"] = questions
+        cfg["trainer"]["val_check_interval"] = 4
+    copy = workdir / f"{name}.yaml"
+    copy.write_text(yaml.safe_dump(cfg))
+    return copy
+
+
+def describe(name: str, questions: int | None) -> str:
+    """The config a result ran: the file, the variant's options, a smoke run's questions."""
+    if questions is not None:
+        return f"{name}, {questions} questions"
+    base, replay_options = VARIANTS.get(name, (name, {}))
+    changed = ", ".join(f"{key}: {value}" for key, value in replay_options.items())
+    return f"configs/{base}.yaml" + (f" with {changed}" if changed else "")
 
 
 def steps_per_epoch(path: Path) -> int:
@@ -225,7 +247,7 @@ def run_config(name: str, cases: list[str], tmp: Path, steps: int, questions: in
                 fit(path, split, stop)
             fit(path, split, horizon, resume=True)
             results[f"{name}/{case}"] = r = {
-                "config": f"configs/{name}.yaml" if questions is None else f"{name}, {questions} questions",
+                "config": describe(name, questions),
                 "case": case,
                 "steps": horizon,
                 "steps_per_epoch": epoch,
