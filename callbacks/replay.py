@@ -294,8 +294,10 @@ class ReplayCallback(Callback):
             "replay/replayed_steps": float(self.replayed_steps),
             **self.last_timings,
         }
-        if self._defers:
-            metrics["replay/deferred_questions"] = float(trainer.datamodule.deferred_waiting)
+        if self._defers:  # waiting: where the datamodule says (PromptDataModule.deferred_waiting)
+            waiting = getattr(trainer.datamodule, "deferred_waiting", None)
+            if waiting is not None:
+                metrics["replay/deferred_questions"] = float(waiting)
             metrics["replay/deferred_total"] = float(self.deferred_total)
         if bool(replayed.any()):
             staleness = trainer.global_step - rollouts.policy_version[replayed].float()

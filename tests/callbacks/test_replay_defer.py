@@ -108,10 +108,20 @@ def test_a_swap_step_defers_its_whole_batch(tmp_path, tiny_model_dir):
     assert run.replay.deferred_total == BATCH * len(swapped)
 
 
-@pytest.mark.parametrize("stop", [3, 4], ids=["at the end of epoch 0", "mid epoch 1"])
-def test_a_resumed_run_is_the_uninterrupted_run_bitwise(tmp_path, tiny_model_dir, stop, recwarn):
-    options = {"retire_from": "buffer_and_stream", "bounded_demand": True, "mix_fraction": 0.75}
-    straight = train(tmp_path / "straight", tiny_model_dir, 6, **options)
+RESUMED = {"retire_from": "buffer_and_stream", "bounded_demand": True, "mix_fraction": 0.75}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, tiny_model_dir):
+    """The uninterrupted run the resumed ones are compared with, trained once."""
+    return train(tmp_path_factory.mktemp("straight"), tiny_model_dir, 6, **RESUMED)
+
+
+@pytest.mark.parametrize(
+    "stop", [pytest.param(3, marks=pytest.mark.slow), 4], ids=["at the end of epoch 0", "mid epoch 1"]
+)
+def test_a_resumed_run_is_the_uninterrupted_run_bitwise(tmp_path, tiny_model_dir, straight, stop, recwarn):
+    options = RESUMED
     first = train(tmp_path / "split", tiny_model_dir, stop, **options)
     assert first.replay.deferred_total and first.data.deferred_waiting  # stopped with questions waiting
     resumed = train(tmp_path / "split", tiny_model_dir, 6, ckpt_path="last", **options)
