@@ -280,8 +280,10 @@ class PromptDataModule(L.LightningDataModule):
         num_replicas, rank = self._replicas()
         seed = hp.seed if hp.seed is not None else derive_seed("data")
         kept = self._sampler
-        same_ranks = kept is not None and (kept.num_replicas, kept.rank) == (num_replicas, rank)
-        if self._streaming and isinstance(kept, PassStream) and same_ranks:
+        same = kept is not None and (kept.num_replicas, kept.rank, kept.start_rows) == (
+            num_replicas, rank, self._start_rows,
+        )  # fmt: skip
+        if self._streaming and isinstance(kept, PassStream) and same:
             sampler = kept  # one stream: a loader built again (or counted and dropped) goes on with it
         else:
             ids, stream = [row["id"] for row in rows], {}
