@@ -131,7 +131,6 @@ class ReplayCallback(Callback):
         self.min_buffer_size = min_buffer_size
         self.bounded_demand = bool(bounded_demand)
         self.displaced_questions = displaced_questions
-        self._defers = displaced_questions == "defer"
         self.deferred_total = 0  # questions deferred in this run, resumes included
         self._warned_small_stream = False
         self.pass_rate_reached = start_pass_rate is None
@@ -146,6 +145,12 @@ class ReplayCallback(Callback):
         replay_checks.check_options(self)
 
     # ------------------------------------------------------------------------------ decisions
+    @property
+    def defers(self) -> bool:
+        """Whether displaced fresh questions come back (`displaced_questions="defer"`), read when used, so an
+        option set after construction counts."""
+        return self.displaced_questions == "defer"
+
     def replay_active(self, trainer: Trainer) -> bool:
         """Whether the replay phase has begun (every configured trigger holds)."""
         epoch_ok = self.replay_start_epoch is None or trainer.current_epoch >= self.replay_start_epoch
@@ -168,7 +173,7 @@ class ReplayCallback(Callback):
         self._retire_at_epoch_start = add_pass_hook is None
         if add_pass_hook is not None:
             add_pass_hook(self._exclude_retired)
-        if self._defers and stage == "fit":
+        if self.defers and stage == "fit":
             replay_checks.check_streams(trainer.datamodule)
             trainer.datamodule.stream_passes()
 
@@ -222,7 +227,7 @@ class ReplayCallback(Callback):
         if not self.replay_active(trainer) or not self.replay.should_replay():
             return
         size = self._demand(len(batch["prompt"]), pl_module.num_generations)
-        if self._defers and self.mode == "mix":  # as many displaced on every rank: their streams stay alike
+        if self.defers and self.mode == "mix":  # as many displaced on every rank: their streams stay alike
             size = min_across_ranks(trainer, size)
         if not all_ranks(trainer, len(self.buffer) >= self.min_buffer_size and size > 0):
             self.fallback_steps += 1
@@ -235,14 +240,14 @@ class ReplayCallback(Callback):
         rescoring.join(experience)
         self.last_timings["timing/replay_rescore"] = rescoring.seconds
         self.last_timings["timing/replay_sample"] = time.perf_counter() - started - rescoring.seconds
-        if self._defers and self.mode == "mix":  # a rank may draw fewer than `size`
+        if self.defers and self.mode == "mix":  # a rank may draw fewer than `size`
             experience = experience.select(torch.arange(min_across_ranks(trainer, len(experience))))
         if not all_ranks(trainer, len(experience) > 0):
             self.fallback_steps += 1
             return
         batch["experience"] = Experience(self.mode, experience)
         self.replayed_steps += 1
-        if self._defers:
+        if self.defers:
             self._defer_displaced(trainer, batch, len(experience))
 
     def _defer_displaced(self, trainer: Trainer, batch: Any, replayed: int) -> None:
@@ -294,7 +299,7 @@ class ReplayCallback(Callback):
             "replay/replayed_steps": float(self.replayed_steps),
             **self.last_timings,
         }
-        if self._defers:  # waiting: where the datamodule says (PromptDataModule.deferred_waiting)
+        if self.defers:  # waiting: where the datamodule says (PromptDataModule.deferred_waiting)
             waiting = getattr(trainer.datamodule, "deferred_waiting", None)
             if waiting is not None:
                 metrics["replay/deferred_questions"] = float(waiting)

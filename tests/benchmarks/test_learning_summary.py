@@ -173,3 +173,9 @@ def test_the_headline_plot_waits_for_every_task_and_variant(tmp_path):
     assert learning.plot_headline(results, tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 0
     del results["small_pool"]["ExGRPO paper"]
     assert not learning.plot_headline(results, tmp_path / "b.png") and not (tmp_path / "b.png").exists()
+
+
+def test_the_deferred_variants_defer():
+    for name in ("paper, deferred", "recommended, deferred"):
+        callback = learning._replay_callback(_built(name))
+        assert callback.displaced_questions == "defer" and callback.defers and callback.mode == "mix"
