@@ -12,21 +12,18 @@ from lightning.pytorch import Trainer
 
 def max_across_ranks(trainer: Trainer, value: int) -> int:
     """The largest `value` over all ranks."""
-    if trainer.world_size == 1:
-        return value
-    reduced = trainer.strategy.reduce(
-        torch.tensor(value, device=trainer.strategy.root_device), reduce_op="max"
-    )
-    return int(reduced)
+    return _reduced(trainer, value, "max")
 
 
 def min_across_ranks(trainer: Trainer, value: int) -> int:
     """The smallest `value` over all ranks."""
+    return _reduced(trainer, value, "min")
+
+
+def _reduced(trainer: Trainer, value: int, op: str) -> int:
     if trainer.world_size == 1:
         return value
-    reduced = trainer.strategy.reduce(
-        torch.tensor(value, device=trainer.strategy.root_device), reduce_op="min"
-    )
+    reduced = trainer.strategy.reduce(torch.tensor(value, device=trainer.strategy.root_device), reduce_op=op)
     return int(reduced)
 
 
