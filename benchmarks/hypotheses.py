@@ -1,0 +1,145 @@
+"""The learning page's hypotheses on deferred questions and the weak start, decided by the rule written before
+their runs (docs/learning.md, "Deferred questions and a weak start: written before the runs").
+
+A comparison is the difference between two variants in points, paired by seed, with its 95% Student-t
+interval, on the deciding figures: the final val pass@1 at T = 1 and in-distribution avg@4 at T = 0.6 (H4:
+the T = 1 curve at equal fresh questions). "A at or above B" holds when every lower bound is above -1 point,
+fails when an upper bound is below 0, and is undecided otherwise; "A above B" the same with 0 for -1. A
+hypothesis of several comparisons holds when all hold, fails when one fails, and is undecided otherwise; one
+whose runs are missing is "not measured".
+
+    python benchmarks/hypotheses.py      # the verdicts of benchmarks/results/learning_yardstick.json
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from learning import RESULTS, TASKS, interval
+from learning_yardstick import EQUAL_FRESH, figures, fresh_question_budget
+
+DECIDING = ("ours: val pass@1, T=1", "ID avg@4, T=0.6")
+SEEDS = 5  # paired seeds a comparison needs (fewer: "not measured", as while its runs are still going)
+MARGINS = {"at or above": -1.0, "above": 0.0}  # the lower bound a comparison's intervals must clear
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    name: str
+    claim: str
+    relation: str  # a key of MARGINS
+    comparisons: tuple[tuple[str, str, str], ...]  # (task, variant A, variant B)
+    deciding: tuple[str, ...] = DECIDING
+
+
+HYPOTHESES = (
+    Hypothesis(
+        "H1", "deferring ends at or above discarding on every task", "at or above",
+        tuple(
+            (task, deferred, discarding)
+            for task in TASKS
+            for deferred, discarding in (
+                ("paper, deferred", "ExGRPO paper"), ("recommended, deferred", "ExGRPO recommended")
+            )
+        ),
+    ),
+    Hypothesis(
+        "H2", "on the weak start, the recommended preset ends above GRPO", "above",
+        (("weak_start", "ExGRPO recommended", "GRPO"),),
+    ),
+    Hypothesis(
+        "H3", "on the weak start, the paper preset ends at or above GRPO", "at or above",
+        (("weak_start", "ExGRPO paper", "GRPO"),),
+    ),
+    Hypothesis(
+        "H4", "at equal fresh questions trained on, the paper preset is at or above GRPO on each task",
+        "at or above", tuple((task, "ExGRPO paper", "GRPO") for task in TASKS), (EQUAL_FRESH,),
+    ),
+)  # fmt: skip
+
+
+def paired(runs: dict, task: str, a: str, b: str, column: str) -> tuple[float, float] | None:
+    """A's figure minus B's in points, paired by seed: mean and 95% half-width (None: fewer than `SEEDS` seeds
+    that both ran with the figure)."""
+    variants = runs.get(task, {})
+    budget = fresh_question_budget(variants)
+    by_seed = [{r["seed"]: figures(r, budget) for r in variants.get(name, [])} for name in (a, b)]
+    differences = [
+        100 * (by_seed[0][seed][column] - by_seed[1][seed][column])
+        for seed in sorted(by_seed[0].keys() & by_seed[1].keys())
+        if column in by_seed[0][seed] and column in by_seed[1][seed]
+    ]
+    return interval(differences) if len(differences) >= SEEDS else None
+
+
+def verdict(intervals: list[tuple[float, float]], relation: str) -> str:
+    """ "holds", "fails" or "undecided" for intervals (mean, half-width) under the rule of `relation`."""
+    if any(mean + half < 0 for mean, half in intervals):
+        return "fails"
+    if all(mean - half > MARGINS[relation] for mean, half in intervals):
+        return "holds"
+    return "undecided"
+
+
+def decide(runs: dict, hypotheses: tuple[Hypothesis, ...] = HYPOTHESES) -> list[dict]:
+    """Each hypothesis's comparisons, their intervals and verdicts, and its own verdict."""
+    decided = []
+    for hypothesis in hypotheses:
+        rows = []
+        for task, a, b in hypothesis.comparisons:
+            found = {column: paired(runs, task, a, b, column) for column in hypothesis.deciding}
+            measured = all(value is not None for value in found.values())
+            rows.append({
+                "task": task, "a": a, "b": b, "intervals": found,
+                "verdict": verdict(list(found.values()), hypothesis.relation) if measured else "not measured",
+            })  # fmt: skip
+        verdicts = {row["verdict"] for row in rows}
+        overall = next(
+            (v for v in ("fails", "not measured", "undecided") if v in verdicts), "holds"
+        )  # one failure decides; a missing comparison keeps the rest from deciding "holds"
+        decided.append({"name": hypothesis.name, "claim": hypothesis.claim, "comparisons": rows,
+                        "verdict": overall})  # fmt: skip
+    return decided
+
+
+def recommended_takes_defer(decided: list[dict]) -> bool:
+    """The rule for the recommended preset's default: H1 holds for it on every task, and deferring ends above
+    discarding (lower bound above 0 on every deciding figure) on at least one task."""
+    h1 = next(h for h in decided if h["name"] == "H1")
+    own = [row for row in h1["comparisons"] if row["a"] == "recommended, deferred"]
+    return all(row["verdict"] == "holds" for row in own) and any(
+        verdict(list(row["intervals"].values()), "above") == "holds" for row in own
+    )
+
+
+def verdict_table(decided: list[dict]) -> str:
+    """The verdicts as Markdown: a row per comparison, A - B in points (95% interval) per deciding figure."""
+    lines = [
+        "| hypothesis | task | A vs B | A - B, points (95% interval) | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for hypothesis in decided:
+        for row in hypothesis["comparisons"]:
+            cells = "; ".join(
+                f"{column}: " + ("—" if value is None else f"{value[0]:+.1f} ± {value[1]:.1f}")
+                for column, value in row["intervals"].items()
+            )
+            lines.append(
+                f"| {hypothesis['name']} | {row['task']} | {row['a']} vs {row['b']} | {cells} "
+                f"| {row['verdict']} |"
+            )
+    lines += ["", "| hypothesis | claim | verdict |", "|---|---|---|"]
+    lines += [f"| {h['name']} | {h['claim']} | **{h['verdict']}** |" for h in decided]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    runs = json.loads((RESULTS / "learning_yardstick.json").read_text())["runs"]
+    decided = decide(runs)
+    print(verdict_table(decided))
+    print("\nthe recommended preset takes displaced_questions: defer:", recommended_takes_defer(decided))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The rule that decides the learning page's hypotheses: paired intervals against the margins written before
+the runs, a hypothesis's comparisons combined, and the rule for the recommended preset's default."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+from hypotheses import (  # noqa: E402
+    DECIDING,
+    SEEDS,
+    Hypothesis,
+    decide,
+    paired,
+    recommended_takes_defer,
+    verdict,
+)
+from learning_yardstick import MEASURES  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("intervals", "relation", "expected"),
+    [
+        ([(0.5, 1.0), (0.2, 1.1)], "at or above", "holds"),  # lower bounds -0.5 and -0.9, above -1
+        ([(0.5, 1.0), (0.0, 1.5)], "at or above", "undecided"),  # -1.5 is not above -1
+        ([(0.5, 1.0), (-2.0, 1.5)], "at or above", "fails"),  # upper bound -0.5 below 0
+        ([(0.5, 1.0), (0.2, 1.1)], "above", "undecided"),  # level: neither above nor below
+        ([(2.0, 1.0), (1.5, 1.0)], "above", "holds"),
+        ([(2.0, 1.0), (-1.5, 1.0)], "above", "fails"),  # one figure below decides
+    ],
+)
+def test_verdict_follows_the_margins_written_beforehand(intervals, relation, expected):
+    assert verdict(intervals, relation) == expected
+
+
+def make_run(seed: int, value: float) -> dict:
+    """A run whose every figure is `value`."""
+    final = {"id": {}, "ood": {}}
+    for name, metric in MEASURES:
+        final[name][metric] = value
+    return {"seed": seed, "curve": [(0, 0.0, 0.1), (10, 1.0, value)], "final": final}
+
+
+def runs_of(task: str, **variants: list[float]) -> dict:
+    return {task: {name.replace("_", " "): [make_run(s, v) for s, v in enumerate(values)]
+                   for name, values in variants.items()}}  # fmt: skip
+
+
+def test_paired_differences_are_in_points_by_seed():
+    runs = runs_of("t", A=[0.50, 0.52, 0.54, 0.56, 0.58], B=[0.49, 0.51, 0.53, 0.55, 0.57])
+    mean, half = paired(runs, "t", "A", "B", DECIDING[0])
+    assert mean == pytest.approx(1.0) and half == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_comparison_needs_every_seed():
+    runs = runs_of("t", A=[0.5] * (SEEDS - 1), B=[0.4] * SEEDS)
+    assert paired(runs, "t", "A", "B", DECIDING[0]) is None
+
+
+def test_a_hypothesis_holds_only_when_every_comparison_holds():
+    runs = {
+        **runs_of("one", A=[0.50, 0.51, 0.52, 0.50, 0.51], B=[0.50, 0.50, 0.51, 0.50, 0.50]),
+        **runs_of("two", A=[0.50, 0.51, 0.52, 0.50, 0.51], B=[0.56, 0.58, 0.57, 0.56, 0.58]),
+    }
+    both = Hypothesis("H", "A at or above B", "at or above", (("one", "A", "B"), ("two", "A", "B")))
+    (decided,) = decide(runs, (both,))
+    assert [row["verdict"] for row in decided["comparisons"]] == ["holds", "fails"]
+    assert decided["verdict"] == "fails"
+    missing = Hypothesis("H", "A at or above B", "at or above", (("one", "A", "B"), ("three", "A", "B")))
+    assert decide(runs, (missing,))[0]["verdict"] == "not measured"
+
+
+def test_the_recommended_preset_defers_only_when_deferring_holds_everywhere_and_wins_somewhere():
+    def h1(*intervals):
+        rows = [
+            {
+                "a": "recommended, deferred",
+                "verdict": verdict([i, i], "at or above"),
+                "intervals": {"x": i, "y": i},
+            }
+            for i in intervals
+        ]
+        return [{"name": "H1", "comparisons": rows}]
+
+    assert recommended_takes_defer(h1((0.5, 1.0), (2.0, 1.0)))  # holds on both, above on one
+    assert not recommended_takes_defer(h1((0.5, 1.0), (0.4, 1.0)))  # holds on both, above on none
+    assert not recommended_takes_defer(h1((3.0, 1.0), (-0.5, 1.0)))  # above on one, undecided on one
