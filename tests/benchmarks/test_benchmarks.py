@@ -241,3 +241,25 @@ def test_quickstart_speed_benchmark(bench):
 def test_every_benchmark_script_has_a_smoke_test():
     tested = set(re.findall(r'bench\(\s*"(\w+)"', Path(__file__).read_text()))
     assert {path.stem for path in BENCHMARKS.glob("*.py")} - tested == set()
+
+
+def test_cpu_kernels_benchmark(bench):
+    out = bench("cpu_kernels", "--steps", "1", "--rounds", "1", "--settings", "one thread")
+    result = json.loads((out / "cpu_kernels.json").read_text())
+    assert result["steps"] == 1 and len(result["runs"]) == 3  # and the timed pair
+    assert sum(len(names) for names in result["same_losses"]) == len(result["runs"])
+    # The thread count changes no loss (the kernels' reductions do not depend on it).
+    assert any({"this CPU's kernels", "one thread"} <= set(names) for names in result["same_losses"])
+    assert result["portable_over_native"] > 0
+
+
+def test_hypotheses_benchmark(bench, tmp_path, capsys):
+    from test_hypotheses import make_run
+
+    runs = {"weak_start": {name: [make_run(seed, 0.3 + 0.01 * seed) for seed in range(5)]
+                           for name in ("GRPO", "ExGRPO recommended")}}  # fmt: skip
+    (tmp_path / "learning_yardstick.json").write_text(json.dumps({"runs": runs}))
+    bench("hypotheses")
+    assert "| H2 | on the weak start, the recommended preset ends above GRPO | **undecided** |" in (
+        capsys.readouterr().out
+    )
