@@ -43,3 +43,13 @@ def test_the_learning_page_shows_the_yardstick_table_of_its_results_file():
             f"docs/learning.md should show the {task} table of benchmarks/results/learning_yardstick.json as "
             "benchmarks/learning_yardstick.py prints it:\n" + table
         )
+
+
+def test_the_learning_page_shows_the_hypotheses_verdicts_of_its_results_file():
+    from hypotheses import decide, verdict_table
+
+    runs = json.loads((ROOT / "benchmarks" / "results" / "learning_yardstick.json").read_text())["runs"]
+    table = verdict_table(decide(runs))
+    assert table in (ROOT / "docs" / "learning.md").read_text(), (
+        "docs/learning.md should show the verdicts as benchmarks/hypotheses.py prints them:\n" + table
+    )
