@@ -30,8 +30,8 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.contract import Experience, StepChecker, check_experience_used, check_rollouts
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.experience import SelectiveReplay
 from exgrpo_pl.groups import assemble_groups, plan_rollouts
-from exgrpo_pl.replay import SelectiveReplay
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

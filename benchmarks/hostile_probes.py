@@ -429,7 +429,7 @@ PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
     "29.2 min_buffer_size 2, max_size 1": probe_option(
         replay_callback(
             min_buffer_size=2,
-            buffer="{class_path: exgrpo_pl.buffer.TrajectoryBuffer, init_args: {max_size: 1}}",
+            buffer="{class_path: exgrpo_pl.experience.TrajectoryBuffer, init_args: {max_size: 1}}",
         ),
         expect=r"min_buffer_size=2: must be <= the buffer's max_size=1",
     ),

@@ -217,10 +217,10 @@ def _step(module, meter: Meter, spec: dict, preset: bool) -> dict:
     from exgrpo_pl.callbacks import ReplayCallback
     from lightning.pytorch import Callback, Trainer
 
-    from exgrpo_pl.buffer import TrajectoryBuffer
+    # From the top level: the "before" checkout has the flat layout (exgrpo_pl.buffer, ...), this one the
+    # folders.
+    from exgrpo_pl import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
     from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-    from exgrpo_pl.difficulty import DifficultyBucketer
-    from exgrpo_pl.replay import SelectiveReplay
 
     work, measured_step = spec["work"], 1
     phases = Phases(meter)

@@ -28,7 +28,7 @@ from torch.utils.tensorboard.summary import image as image_summary
 from typing_extensions import override
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.difficulty import tier_of
+from exgrpo_pl.experience.difficulty import tier_of
 from exgrpo_pl.validation import check_number
 
 _HEATMAP_TAG = "monitor/difficulty_entropy_heatmap"

@@ -28,10 +28,10 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule, StepChecker
+from exgrpo_pl.experience.buffer import TrajectoryBuffer
+from exgrpo_pl.experience.replay import SelectiveReplay
 from exgrpo_pl.logging_steps import writes_step_metrics
-from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.strategies import needs_synced_generation, zero_stage
 from exgrpo_pl.validation import check_number
 

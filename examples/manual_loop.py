@@ -26,9 +26,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
-from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.data import ArithmeticTask, collate_rows
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 from exgrpo_pl.losses import (
     LossNormaliser,
     compute_grpo_loss,
@@ -37,7 +36,6 @@ from exgrpo_pl.losses import (
     selective_log_softmax,
 )
 from exgrpo_pl.models import load_policy, load_tokenizer
-from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.rollout import completion_logits, compute_entropy, sample_completions
 

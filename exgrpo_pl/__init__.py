@@ -8,10 +8,10 @@ The Lightning pieces live in `exgrpo_pl.module` (ExGRPOModule) and `exgrpo_pl.ca
 """
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.buffer import TrajectoryBuffer
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience.buffer import TrajectoryBuffer
+from exgrpo_pl.experience.difficulty import DifficultyBucketer
+from exgrpo_pl.experience.replay import SelectiveReplay
 from exgrpo_pl.losses import compute_grpo_loss, compute_importance_weights, group_advantages
-from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.rollout import compute_entropy
 
 __all__ = [

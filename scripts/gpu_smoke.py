@@ -31,11 +31,9 @@ from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.strategies import check_strategy, needs_synced_generation
 
 VARIANTS = ("plain", "zero2", "zero3", "resume")

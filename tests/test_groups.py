@@ -10,9 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.contract import Experience
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer, TrajectoryBuffer
 from exgrpo_pl.groups import (
     assemble_groups,
     fresh_rollouts,

@@ -119,8 +119,9 @@ def shortest_cycle(graph: dict[str, set[str]], component: set[str]) -> list[str]
 def test_the_graph_sees_every_module_and_known_edges():
     graph = import_graph()
     assert "exgrpo_pl.callbacks.replay" in graph and "exgrpo_pl.engines.hf" in graph
-    assert "exgrpo_pl.buffer" in graph["exgrpo_pl.replay"]  # a top-level `from exgrpo_pl.x import y`
-    assert "exgrpo_pl.buffer" in graph["exgrpo_pl"]  # the package's __init__
+    # a top-level `from exgrpo_pl.x import y`
+    assert "exgrpo_pl.experience.buffer" in graph["exgrpo_pl.experience.replay"]
+    assert "exgrpo_pl.experience.buffer" in graph["exgrpo_pl"]  # the package's __init__
 
 
 @pytest.mark.parametrize(

@@ -21,13 +21,11 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import CSVLogger
 
-from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.resume import (
     estimated_stepping_batches,
     restore_rng_states,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import SelectiveReplay
 from exgrpo_pl.seeding import derive_seed, run_seed, split_seed
 
 

@@ -16,7 +16,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import SelectiveReplay
 
 HISTOGRAMS = {"monitor/correctness_rate", "monitor/entropy", "monitor/staleness"}
 NO_TENSORBOARD = "histograms, images and text need a TensorBoardLogger"

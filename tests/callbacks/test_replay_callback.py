@@ -13,10 +13,8 @@ from lightning.pytorch.loggers import CSVLogger
 from test_buffer import group
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.difficulty import DifficultyBucketer
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
 
 class RecordRollouts(Callback):

@@ -10,11 +10,9 @@ from lightning.pytorch.loggers import CSVLogger
 from test_resume import Run, assert_same, final_state, logged
 from torch.utils.data import DataLoader
 
-from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule, collate_rows
-from exgrpo_pl.difficulty import DifficultyBucketer
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
 ROWS, BATCH, K = 12, 4, 4  # 3 steps an epoch
 

@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.contract import ContractError
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule, collate_rows
+from exgrpo_pl.experience import SelectiveReplay
 from exgrpo_pl.losses import compute_importance_weights
-from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.rewards import FormatReward
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_module.py"

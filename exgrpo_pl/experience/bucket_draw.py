@@ -1,8 +1,8 @@
 """The paper's draw of questions by rate bucket (`gaussian_bucket_draw`), and the uniform draw without
 replacement inside groups it rests on (`choose_in_groups`).
 
-Used by the buffer's replay sampling; importable from `exgrpo_pl.difficulty` too. Plain PyTorch/NumPy, no
-Lightning.
+Used by the buffer's replay sampling; importable from `exgrpo_pl.experience.difficulty` too. Plain
+PyTorch/NumPy, no Lightning.
 """
 
 from __future__ import annotations

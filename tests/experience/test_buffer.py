@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences, text_id
-from exgrpo_pl.buffer import STRATEGIES, TrajectoryBuffer, resolve_strategy
-from exgrpo_pl.buffer_dedup import stored_hashes
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer
+from exgrpo_pl.experience.buffer import STRATEGIES, TrajectoryBuffer, resolve_strategy
+from exgrpo_pl.experience.dedup import stored_hashes
 from exgrpo_pl.ragged import GroupIndex
 
 
@@ -681,7 +681,7 @@ def test_duplicates_inside_a_batch_collapse_to_the_last():
 
 def test_dedup_compares_ids_exactly_when_hashes_collide(monkeypatch):
     """With every hash equal, only true duplicates collapse."""
-    import exgrpo_pl.buffer_dedup as dedup_module
+    import exgrpo_pl.experience.dedup as dedup_module
 
     monkeypatch.setattr(dedup_module, "row_hashes", lambda ids, lengths: np.zeros(len(lengths), np.uint64))
     buffer = no_retire()

@@ -10,9 +10,8 @@ import torch
 
 import exgrpo_pl
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
-from exgrpo_pl.buffer import QUESTION_SAMPLING, TRAJECTORY_SELECTION, TrajectoryBuffer
-from exgrpo_pl.difficulty import DifficultyBucketer
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay
+from exgrpo_pl.experience.buffer import QUESTION_SAMPLING, TRAJECTORY_SELECTION, TrajectoryBuffer
 
 
 def make_group(qid, correct, total, entropy):
@@ -162,20 +161,24 @@ def test_core_modules_import_no_framework():
     }  # fmt: skip
     package = Path(exgrpo_pl.__file__).parent
     own = {
-        "difficulty": {"bucket_draw", "rate_tiers", "validation"},
-        "rate_tiers": set(),
-        "bucket_draw": {"ragged"},
+        "experience.difficulty": {"experience.bucket_draw", "experience.rate_tiers", "validation"},
+        "experience.rate_tiers": set(),
+        "experience.bucket_draw": {"ragged"},
         "ragged": set(),
-        "buffer": {"batch", "buffer_dedup", "buffer_sampling", "buffer_storage", "difficulty", "validation"},
-        "buffer_storage": {"batch", "difficulty", "ragged"},
-        "buffer_sampling": {"batch", "buffer_storage", "difficulty"},
-        "buffer_dedup": {"buffer_storage", "ragged"},
-        "replay": {"batch", "buffer", "difficulty", "seeding", "validation"},
+        "experience.buffer": {
+            "batch", "experience.dedup", "experience.sampling", "experience.storage", "experience.difficulty",
+            "validation",
+        },
+        "experience.storage": {"batch", "experience.difficulty", "ragged"},
+        "experience.sampling": {"batch", "experience.storage", "experience.difficulty"},
+        "experience.dedup": {"experience.storage", "ragged"},
+        "experience.replay": {"batch", "experience.buffer", "experience.difficulty", "seeding", "validation"},
         "seeding": set(),
         "validation": set(),
-    }
+    }  # fmt: skip
     for name, internal in own.items():
-        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
+        source = package.joinpath(*name.split(".")).with_suffix(".py")
+        for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -185,5 +188,5 @@ def test_core_modules_import_no_framework():
             for module in modules:
                 top, _, rest = module.partition(".")
                 assert top in allowed or (top == "exgrpo_pl" and rest in internal), (
-                    f"{name}.py imports {module}"
+                    f"exgrpo_pl.{name} imports {module}"
                 )

@@ -5,8 +5,8 @@ sampler. It sees every fresh scored trajectory (`update`), keeps a window of eac
 outcomes (the seed's `window_size`, so difficulty follows the policy as it improves), remembers the
 question's latest group (the rollouts of one update call, the paper's buckets) and retires questions that a
 whole group solved, for as long as they stay solved. The tier of a rate and the medium range's check are in
-`exgrpo_pl.rate_tiers`, the paper's draw of questions by rate bucket in `exgrpo_pl.bucket_draw`; all are
-importable from here. Plain PyTorch/NumPy, no Lightning.
+`exgrpo_pl.experience.rate_tiers`, the paper's draw of questions by rate bucket in
+`exgrpo_pl.experience.bucket_draw`; all are importable from here. Plain PyTorch/NumPy, no Lightning.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from exgrpo_pl.bucket_draw import choose_in_groups, gaussian_bucket_draw
-from exgrpo_pl.rate_tiers import check_rate_range, tier_of
+from exgrpo_pl.experience.bucket_draw import choose_in_groups, gaussian_bucket_draw
+from exgrpo_pl.experience.rate_tiers import check_rate_range, tier_of
 from exgrpo_pl.validation import check_number
 
-# tier_of and check_rate_range (exgrpo_pl.rate_tiers), gaussian_bucket_draw and choose_in_groups
-# (exgrpo_pl.bucket_draw) are importable from here, where they were defined before.
+# tier_of and check_rate_range (exgrpo_pl.experience.rate_tiers), gaussian_bucket_draw and choose_in_groups
+# (exgrpo_pl.experience.bucket_draw) are importable from here, where they were defined before.
 __all__ = [
     "METRICS",
     "RETIRE_FROM",

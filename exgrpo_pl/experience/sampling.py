@@ -2,8 +2,8 @@
 
 A strategy is a (question sampling, trajectory selection) pair: `STRATEGIES` names them, `resolve_strategy`
 turns a name (and overrides) into the pair, `draw` samples questions from the bucketer's rates and selects
-trajectories from a `SlotStorage` (`exgrpo_pl.buffer_storage`). `TrajectoryBuffer.sample` (`exgrpo_pl.buffer`)
-documents each strategy. Plain PyTorch/NumPy, no Lightning.
+trajectories from a `SlotStorage` (`exgrpo_pl.experience.storage`). `TrajectoryBuffer.sample`
+(`exgrpo_pl.experience.buffer`) documents each strategy. Plain PyTorch/NumPy, no Lightning.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.buffer_storage import SlotStorage
-from exgrpo_pl.difficulty import check_rate_range, gaussian_bucket_draw
+from exgrpo_pl.experience.difficulty import check_rate_range, gaussian_bucket_draw
+from exgrpo_pl.experience.storage import SlotStorage
 
 QUESTION_SAMPLING = ("medium_range", "gaussian", "uniform")
 TRAJECTORY_SELECTION = ("low_entropy_percentile", "lowest_entropy", "highest_entropy", "random")

@@ -10,7 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo_pl.difficulty import DifficultyBucketer, choose_in_groups, gaussian_bucket_draw, tier_of
+from exgrpo_pl.experience.difficulty import (
+    DifficultyBucketer,
+    choose_in_groups,
+    gaussian_bucket_draw,
+    tier_of,
+)
 
 
 def roundtrip(state):

@@ -10,8 +10,7 @@ import pytest
 import torch
 from test_buffer import assert_same, group, make_batch, mixed_group, roundtrip
 
-from exgrpo_pl.buffer import TrajectoryBuffer
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer, TrajectoryBuffer
 
 
 def verl_columns(q):

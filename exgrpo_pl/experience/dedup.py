@@ -1,9 +1,9 @@
 """De-duplication of the replay buffer's trajectories: a question keeps one copy of each completion.
 
 Rows are compared by a 64-bit hash of their completion ids (`exgrpo_pl.ragged.row_hashes`), then exactly
-where hashes agree. `TrajectoryBuffer.add` (`exgrpo_pl.buffer`) collapses an incoming batch's duplicates to
-their last row (`batch_duplicates`), then releases the stored copies of what it is about to store
-(`release_stored_copies`), so the newest copy is the one kept. A trajectory without completion ids (the
+where hashes agree. `TrajectoryBuffer.add` (`exgrpo_pl.experience.buffer`) collapses an incoming batch's
+duplicates to their last row (`batch_duplicates`), then releases the stored copies of what it is about to
+store (`release_stored_copies`), so the newest copy is the one kept. A trajectory without completion ids (the
 seed's dict) is compared by its completion text (`release_same_text`). Plain NumPy, no Lightning.
 """
 
@@ -13,7 +13,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from exgrpo_pl.buffer_storage import Payload, SlotStorage
+from exgrpo_pl.experience.storage import Payload, SlotStorage
 from exgrpo_pl.ragged import ragged_index, row_hashes
 
 _HASH_CHUNK = 4096  # slots hashed at a time on load, bounding the temporaries to a few hundred MiB

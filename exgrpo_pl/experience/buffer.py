@@ -1,9 +1,9 @@
 """TrajectoryBuffer: the bounded store of past trajectories that replay samples from.
 
 `TrajectoryBuffer` decides what is stored (the bucketer's evidence, `keep`, retirement, the per-question
-cap) and composes three parts: `exgrpo_pl.buffer_storage` (the slots, their columns and token payloads, the
-per-question index, oldest-first eviction, the state dict's rows), `exgrpo_pl.buffer_sampling` (the replay
-strategies: question sampling and trajectory selection) and `exgrpo_pl.buffer_dedup` (one copy of a
+cap) and composes three parts: `exgrpo_pl.experience.storage` (the slots, their columns and token payloads,
+the per-question index, oldest-first eviction, the state dict's rows), `exgrpo_pl.experience.sampling` (the
+replay strategies: question sampling and trajectory selection) and `exgrpo_pl.experience.dedup` (one copy of a
 completion per question). The strategy names (`STRATEGIES`, ...) are importable from here. Plain
 PyTorch/NumPy, no Lightning.
 """
@@ -17,8 +17,14 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch, text_id
-from exgrpo_pl.buffer_dedup import batch_duplicates, release_same_text, release_stored_copies, stored_hashes
-from exgrpo_pl.buffer_sampling import (
+from exgrpo_pl.experience.dedup import (
+    batch_duplicates,
+    release_same_text,
+    release_stored_copies,
+    stored_hashes,
+)
+from exgrpo_pl.experience.difficulty import DifficultyBucketer, check_rate_range, tier_of
+from exgrpo_pl.experience.sampling import (
     QUESTION_SAMPLING,
     STRATEGIES,
     STRATEGY_ALIASES,
@@ -28,20 +34,13 @@ from exgrpo_pl.buffer_sampling import (
     replayable,
     resolve_strategy,
 )
-from exgrpo_pl.buffer_storage import SlotStorage, as_numpy, batch_payload, payload_subset
-from exgrpo_pl.difficulty import DifficultyBucketer, check_rate_range, tier_of
+from exgrpo_pl.experience.storage import SlotStorage, as_numpy, batch_payload, payload_subset
 from exgrpo_pl.validation import check_number
 
 __all__ = [
-    "KEEP_MODES",
-    "QUESTION_SAMPLING",
-    "STRATEGIES",
-    "STRATEGY_ALIASES",
-    "TRAJECTORY_SELECTION",
-    "EntropyFn",
-    "TrajectoryBuffer",
-    "resolve_strategy",
-]
+    "KEEP_MODES", "QUESTION_SAMPLING", "STRATEGIES", "STRATEGY_ALIASES", "TRAJECTORY_SELECTION", "EntropyFn",
+    "TrajectoryBuffer", "resolve_strategy",
+]  # fmt: skip
 
 KEEP_MODES = ("all", "correct", "correct_of_partial")
 _SEED_KEYS = ("prompt", "rollout", "reward", "is_correct", "entropy")

@@ -1,7 +1,7 @@
 """Correctness rates as difficulty: the tier a rate falls in, and a valid (low, high) range of rates.
 
-Shared by the bucketer (`exgrpo_pl.difficulty`), the buffer and the replay sampler, and importable from
-`exgrpo_pl.difficulty` too. Plain PyTorch, no Lightning.
+Shared by the bucketer (`exgrpo_pl.experience.difficulty`), the buffer and the replay sampler, and importable
+from `exgrpo_pl.experience.difficulty` too. Plain PyTorch, no Lightning.
 """
 
 from __future__ import annotations

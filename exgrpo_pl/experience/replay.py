@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.buffer import EntropyFn, TrajectoryBuffer, resolve_strategy
-from exgrpo_pl.difficulty import check_rate_range
+from exgrpo_pl.experience.buffer import EntropyFn, TrajectoryBuffer, resolve_strategy
+from exgrpo_pl.experience.difficulty import check_rate_range
 from exgrpo_pl.seeding import derive_seed, split_seed
 from exgrpo_pl.validation import check_number
 
@@ -32,7 +32,7 @@ class SelectiveReplay:
 
     Args:
         strategy: "entropy_guided" (the seed's name, = "medium_difficulty_low_entropy") or any name in
-            `exgrpo_pl.buffer.STRATEGIES`, e.g. "gaussian_lowest_entropy" (the paper).
+            `exgrpo_pl.experience.buffer.STRATEGIES`, e.g. "gaussian_lowest_entropy" (the paper).
         replay_probability: chance in [0, 1] that `should_replay()` says yes.
         medium_difficulty_range: (low, high) correctness-rate range of "medium_range" question sampling.
         entropy_percentile: percentile of "low_entropy_percentile" trajectory selection.

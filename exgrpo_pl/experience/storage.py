@@ -8,9 +8,9 @@ question's trajectories without scanning the 100K rows. Freed slots are reused l
 Each question's dataset columns (`RolloutBatch.columns`) are kept once per question, not per trajectory,
 and dropped when its last stored trajectory leaves, so they cost memory per question in the buffer.
 
-`TrajectoryBuffer` (`exgrpo_pl.buffer`) decides what to store and removes; this module keeps the rows, their
-eviction order, the row layout of the buffer's state dict, and turns slots back into a `RolloutBatch`.
-Plain PyTorch/NumPy, no Lightning.
+`TrajectoryBuffer` (`exgrpo_pl.experience.buffer`) decides what to store and removes; this module keeps the
+rows, their eviction order, the row layout of the buffer's state dict, and turns slots back into a
+`RolloutBatch`. Plain PyTorch/NumPy, no Lightning.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience.difficulty import DifficultyBucketer
 from exgrpo_pl.ragged import GroupIndex, RaggedStore, ragged_index
 
 _COLUMNS = {
@@ -65,7 +65,8 @@ Payload = dict[str, tuple[np.ndarray, dict[str, np.ndarray]]]  # store -> (lengt
 class SlotStorage:
     """Up to `max_size` stored trajectories in slots, their per-question index and their eviction order.
 
-    Attributes (read and written by `exgrpo_pl.buffer` and its sampling and de-duplication modules):
+    Attributes (read and written by `exgrpo_pl.experience.buffer` and its sampling and de-duplication
+    modules):
         cols: column name -> `[capacity]` array, see `_COLUMNS`; a slot holds a row where "occupied".
         tokens: "prompt" / "completion" -> the `RaggedStore` of that payload, addressed by slot.
         texts: "prompts" / "completions" / "answers" -> `[capacity]` object array.
