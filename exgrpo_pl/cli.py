@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
+from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.evaluation.report import to_markdown, write_report
 from exgrpo_pl.module import ExGRPOModule
@@ -39,7 +39,7 @@ class ExGRPOCLI(LightningCLI):
     Resuming, the run's own options stand: LightningCLI would replace the model's options, ones given on the
     command line too, with a checkpoint file's hyperparameters (not for `last`, which it cannot resolve
     before the trainer exists). `ExGRPOModule` warns, when it loads the checkpoint, listing each option whose
-    value differs from the checkpoint's (`exgrpo_pl.resume.changed_options`).
+    value differs from the checkpoint's (`exgrpo_pl.checkpoints.resume.changed_options`).
     """
 
     def _parse_ckpt_path(self) -> None:

@@ -27,6 +27,7 @@ from transformers import get_scheduler
 from typing_extensions import override
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.checkpoints.resume import estimated_stepping_batches
 from exgrpo_pl.collect import RolloutCollector
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.engines import SamplingConfig, build_engine
@@ -39,7 +40,6 @@ from exgrpo_pl.models import completion_stop_ids, load_policy, load_tokenizer, l
 from exgrpo_pl.module_evaluation import PassRateEvaluation
 from exgrpo_pl.module_options import check_options
 from exgrpo_pl.module_resume import ResumableModule
-from exgrpo_pl.resume import estimated_stepping_batches
 from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.rollout_memory import check_rollout_memory
 from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation

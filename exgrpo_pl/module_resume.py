@@ -1,14 +1,13 @@
 """What ExGRPOModule keeps in its checkpoints besides its weights (token counts, every rank's sampling RNG)
-and what it does on resuming from one (see `exgrpo_pl.resume`).
+and what it does on resuming from one (see `exgrpo_pl.checkpoints.resume`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from exgrpo_pl.checkpoint_integrity import check_restored_finite
-from exgrpo_pl.lightning_internals import attached_trainer
-from exgrpo_pl.resume import (
+from exgrpo_pl.checkpoints.integrity import check_restored_finite
+from exgrpo_pl.checkpoints.resume import (
     restore_rng_states,
     resumable_fit_progress,
     rng_states,
@@ -17,6 +16,7 @@ from exgrpo_pl.resume import (
     warn_changed_options,
     warn_if_loader_not_restored,
 )
+from exgrpo_pl.lightning_internals import attached_trainer
 
 
 class ResumableModule:

@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.cli import ExGRPOCLI, main
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
@@ -109,7 +109,7 @@ def test_quickstart_stopped_at_40_steps_saves_its_checkpoint(tmp_path):
 def test_a_resumed_run_keeps_its_own_options_and_lists_those_that_differ_from_the_checkpoint(
     tiny_args, tmp_path, ckpt, recwarn
 ):
-    """(A resume with the same options warns about none: tests/test_resume.py.)"""
+    """(A resume with the same options warns about none: tests/checkpoints/test_resume.py.)"""
     _cli(tiny_args, "--trainer.max_steps=2", "--model.learning_rate=1e-3", run=True)
     (saved,) = tmp_path.glob("lightning_logs/version_0/checkpoints/epoch=*.ckpt")
     path = str(saved) if ckpt == "file" else "last"

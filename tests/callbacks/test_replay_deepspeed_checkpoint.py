@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from test_buffer import assert_same, filled_buffer
 
-from exgrpo_pl.checkpointing import COMPLETE_MARKER, SafeModelCheckpoint, newest_complete_checkpoint
+from exgrpo_pl.checkpoints.saving import COMPLETE_MARKER, SafeModelCheckpoint, newest_complete_checkpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 

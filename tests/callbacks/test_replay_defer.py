@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import CSVLogger
 from test_resume import Run, assert_same, final_state, logged
 from torch.utils.data import DataLoader
 
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule, collate_rows
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 

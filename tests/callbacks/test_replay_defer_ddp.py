@@ -14,7 +14,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from test_replay_defer import K, RecordSteps, check_deferred
 from test_resume import assert_same
 
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_checkpointing import fit
 
-from exgrpo_pl.checkpoint_integrity import NonFiniteWeightsError, incomplete_reason
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint, mark_complete
+from exgrpo_pl.checkpoints.integrity import NonFiniteWeightsError, incomplete_reason
+from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO, SafeModelCheckpoint, mark_complete
 from exgrpo_pl.cli import main
 
 WEIGHT = "policy.model.layers.0.mlp.gate_proj.weight"

@@ -21,22 +21,22 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import CSVLogger
 
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
-from exgrpo_pl.cli import main
-from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
-from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.resume import (
+from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.checkpoints.resume import (
     estimated_stepping_batches,
     restore_rng_states,
     resumable_fit_progress,
     rng_states,
     use_run_optimizer_options,
 )
+from exgrpo_pl.cli import main
+from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
+from exgrpo_pl.module import ExGRPOModule
 
 ROWS, BATCH, STEPS = 12, 4, 6  # 3 steps an epoch, fewer once questions are retired
 SHIPPED_MAX_EPOCHS = 100  # every shipped config's: the step count then needs the epoch length
-CONFIGS = Path(__file__).parents[1] / "configs"
+CONFIGS = Path(__file__).parents[2] / "configs"
 SHIPPED = ["quickstart", "quickstart_reasoning", "exgrpo_paper", "exgrpo_seed", "grpo_baseline"]
 
 

@@ -5,7 +5,7 @@ matches), flushed, fsynced and renamed over the final name, and the directory is
 (`save_atomically`); a link is replaced by renaming a new link over it (`link_atomically`); a DeepSpeed
 checkpoint folder is complete once it holds `COMPLETE_MARKER` (`mark_complete`). The temp files of killed
 writes are deleted by the next save into their directory (`remove_stale_temp_files`), and a full disk is
-named with the space needed (`OutOfSpaceError`). Used by `exgrpo_pl.checkpointing`.
+named with the space needed (`OutOfSpaceError`). Used by `exgrpo_pl.checkpoints.saving`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from exgrpo_pl.checkpointing import (
+from exgrpo_pl.checkpoints.saving import (
     TEMP_NAME,
     AtomicCheckpointIO,
     NonFiniteCheckpointError,
@@ -41,7 +41,7 @@ from exgrpo_pl.checkpointing import (
 from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
 def fit(root, model_dir, callbacks, ckpt_path=None, **trainer_kwargs):

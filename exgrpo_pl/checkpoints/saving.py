@@ -24,7 +24,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from exgrpo_pl.atomic_writes import (
+from exgrpo_pl.checkpoints.atomic_writes import (
     COMPLETE_MARKER,
     TEMP_NAME,
     OutOfSpaceError,
@@ -38,7 +38,7 @@ from exgrpo_pl.atomic_writes import (
     temp_path,
     tensor_bytes,
 )
-from exgrpo_pl.checkpoint_integrity import (
+from exgrpo_pl.checkpoints.integrity import (
     NonFiniteCheckpointError,
     NonFiniteWeightsError,
     check_finite,

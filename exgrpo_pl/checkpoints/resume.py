@@ -95,7 +95,7 @@ def warn_if_loader_not_restored(trainer) -> None:
             "Resuming: the training data loader was set up before the checkpoint was restored (for instance"
             " by reading trainer.estimated_stepping_batches before training starts), so its saved pass and"
             " position were not loaded: this run trains on other batches than the uninterrupted run. Count"
-            " steps with exgrpo_pl.resume.estimated_stepping_batches(trainer) instead."
+            " steps with exgrpo_pl.checkpoints.resume.estimated_stepping_batches(trainer) instead."
         )
 
 

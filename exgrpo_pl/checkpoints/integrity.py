@@ -1,7 +1,7 @@
 """Whether a checkpoint may be written and whether it can be resumed from: finite weights on every rank
 (`check_finite`, `held_parameters`, `check_restored_finite`), a complete and intact file or folder
 (`incomplete_reason`, `check_loadable`), and the newest intact checkpoint that `ckpt_path="last"` resumes
-from (`newest_complete_checkpoint`). Used by `exgrpo_pl.checkpointing` and `ExGRPOModule`.
+from (`newest_complete_checkpoint`). Used by `exgrpo_pl.checkpoints.saving` and `ExGRPOModule`.
 
 A checkpoint file is a zip archive (`torch.save`) that holds a CRC-32 for every record: the pickle and each
 tensor's bytes. Every record is checked against its CRC before a resume, so a flipped bit on disk is an error
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from exgrpo_pl.atomic_writes import COMPLETE_MARKER, local_path
+from exgrpo_pl.checkpoints.atomic_writes import COMPLETE_MARKER, local_path
 
 
 class NonFiniteCheckpointError(ValueError):
