@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
 from exgrpo_pl.data import ArithmeticTask, collate_rows
+from exgrpo_pl.engines.generation import sample_completions
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 from exgrpo_pl.losses import (
     LossNormaliser,
@@ -37,7 +38,7 @@ from exgrpo_pl.losses import (
 )
 from exgrpo_pl.models import load_policy, load_tokenizer
 from exgrpo_pl.rewards import ArithmeticReward
-from exgrpo_pl.rollout import completion_logits, compute_entropy, sample_completions
+from exgrpo_pl.rollout import completion_logits, compute_entropy
 
 MODEL = "embedded:tiny-arith"
 TEMPERATURE = 1.0

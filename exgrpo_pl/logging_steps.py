@@ -13,8 +13,8 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.engines.generation import completion_mask_from_ids
 from exgrpo_pl.lightning_internals import batches_that_stepped, should_update_logs
-from exgrpo_pl.rollout import completion_mask_from_ids
 
 
 def writes_step_metrics(trainer: Trainer) -> bool:

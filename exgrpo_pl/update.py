@@ -18,9 +18,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.engines.generation import completion_mask_from_ids
 from exgrpo_pl.group_forward import record_behaviour
 from exgrpo_pl.losses import LossNormaliser, compute_grpo_loss, compute_importance_weights
-from exgrpo_pl.rollout import completion_logps, completion_mask_from_ids
+from exgrpo_pl.rollout import completion_logps
 
 
 class NonFiniteGuard:

@@ -1,4 +1,4 @@
-"""exgrpo_pl.rollout: masks, the alignment of scored log-probs and entropies, and the entropy measures."""
+"""exgrpo_pl.rollout: the alignment of scored log-probs and entropies, and the entropy measures."""
 
 import math
 from types import SimpleNamespace
@@ -8,16 +8,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exgrpo_pl.engines.generation import sample_completions
 from exgrpo_pl.losses import masked_mean, selective_log_softmax, token_entropy
 from exgrpo_pl.models import load_policy
 from exgrpo_pl.rollout import (
     completion_logits,
     completion_logps,
-    completion_mask_from_ids,
     compute_entropy,
     num_micro_batches,
-    position_ids_from_mask,
-    sample_completions,
     score_entropy,
 )
 
@@ -32,18 +30,6 @@ class TableModel:
     def __call__(self, input_ids, attention_mask, position_ids, logits_to_keep, use_cache):
         self.position_ids = position_ids
         return SimpleNamespace(logits=TABLE[input_ids][:, -logits_to_keep:])
-
-
-def test_completion_mask_stops_after_the_first_eos():
-    ids = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8]])
-    mask, truncated = completion_mask_from_ids(ids, eos_token_ids=[2])
-    assert mask.tolist() == [[True, True, False, False], [True, True, True, True]]
-    assert truncated.tolist() == [False, True]
-
-
-def test_positions_count_real_tokens_only():
-    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-    assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
 
 
 def test_selection_entropy_counts_completion_tokens_only_with_padding_on_both_sides():
@@ -204,19 +190,3 @@ def test_training_logps_and_gradients_match_the_whole_tensor_path(tiny_policy):
     got = gradients(logps, entropy)
     for name, grad in want.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
-
-
-def test_the_checkpoints_sampling_defaults_do_not_reach_the_rollouts(tiny_model_dir):
-    """A chat checkpoint's generation config (repetition penalty, n-gram ban) changes what `generate` writes;
-    rollouts ignore it and are drawn from softmax(logits / temperature) with top-p, as the loss assumes."""
-    model = load_policy(tiny_model_dir)
-    mask = torch.arange(6) >= torch.tensor([[0], [2], [3]])
-    ids = torch.randint(3, 16, (3, 6), generator=torch.Generator().manual_seed(1)).masked_fill(~mask, 0)
-    options = dict(max_new_tokens=12, temperature=0.0, top_p=1.0, pad_token_id=0, eos_token_ids=[2])
-    plain, _, _ = sample_completions(model, ids, mask, **options)
-    model.generation_config.repetition_penalty = 100.0
-    model.generation_config.no_repeat_ngram_size = 1
-    skewed = model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=False, max_new_tokens=12)
-    assert not torch.equal(skewed[:, ids.shape[1] :], plain)  # the config does change generate's output
-    assert torch.equal(sample_completions(model, ids, mask, **options)[0], plain)
-    assert model.generation_config.repetition_penalty == 100.0  # the model's own config is back
