@@ -31,7 +31,7 @@ from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.contract import Experience, StepChecker, check_experience_used, check_rollouts
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import SelectiveReplay
-from exgrpo_pl.groups import assemble_groups, plan_rollouts
+from exgrpo_pl.step.groups import assemble_groups, plan_rollouts
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

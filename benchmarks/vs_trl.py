@@ -45,7 +45,7 @@ CATEGORIES = {
     "generation (model.generate)": ["generation/utils.py:generate"],
     "training forward (log-probs)": [
         "trl/trainer/grpo_trainer.py:_get_per_token_logps_and_entropies",
-        "exgrpo_pl/rollout.py:completion_logps",
+        "exgrpo_pl/step/rollout.py:completion_logps",
     ],
     "backward": ["torch/autograd/__init__.py:backward"],
     "optimizer step + grad clipping": [

@@ -11,8 +11,8 @@ from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.experience.buffer import TrajectoryBuffer
 from exgrpo_pl.experience.difficulty import DifficultyBucketer
 from exgrpo_pl.experience.replay import SelectiveReplay
-from exgrpo_pl.losses import compute_grpo_loss, compute_importance_weights, group_advantages
-from exgrpo_pl.rollout import compute_entropy
+from exgrpo_pl.step.losses import compute_grpo_loss, compute_importance_weights, group_advantages
+from exgrpo_pl.step.rollout import compute_entropy
 
 __all__ = [
     "DifficultyBucketer",

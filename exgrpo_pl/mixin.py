@@ -4,7 +4,7 @@
 
 The callback rescores stored trajectories with the current policy (the paper's trajectory selection) through
 `score_entropy`, and under ZeRO-3/FSDP asks `entropy_forwards` how many policy forwards that takes, so that
-every rank runs the same number. The mixin implements both with `exgrpo_pl.rollout.score_entropy` on the
+every rank runs the same number. The mixin implements both with `exgrpo_pl.step.rollout.score_entropy` on the
 module's transformers policy; override `replay_policy` if yours is not `self.policy` or `self.model`.
 
 Three more methods make a GRPO `training_step` honour `batch["experience"]` in a few lines
@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.groups import record_behaviour, replayed_token_loss, sample_groups
 from exgrpo_pl.lightning_internals import attached_trainer
-from exgrpo_pl.logprobs import DEFAULT_CHUNK_ELEMENTS
-from exgrpo_pl.rollout import num_micro_batches, score_entropy
+from exgrpo_pl.step.groups import record_behaviour, replayed_token_loss, sample_groups
+from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS
+from exgrpo_pl.step.rollout import num_micro_batches, score_entropy
 
 
 class ReplayMixin:
@@ -32,7 +32,7 @@ class ReplayMixin:
     Reads, when the module has them: `hparams.temperature` (the sampling temperature, default 1.0),
     `hparams.micro_batch_size` (rows per training forward, hence per rescoring forward),
     `hparams.logit_chunk_elements` (logits per float32 chunk of the softmax work, default
-    `exgrpo_pl.logprobs.DEFAULT_CHUNK_ELEMENTS`), `tokenizer.pad_token_id` (the token of ZeRO-3's padding
+    `exgrpo_pl.step.logprobs.DEFAULT_CHUNK_ELEMENTS`), `tokenizer.pad_token_id` (the token of ZeRO-3's padding
     forwards, default 0). The module must also have `num_generations` (K).
 
     Rescoring runs without gradients, so a forward of as many rows as a training forward needs less memory
@@ -84,8 +84,8 @@ class ReplayMixin:
     def replay_groups(self, batch: dict, rollout_fn: Callable[..., Sequence]) -> RolloutBatch:
         """The rows this step trains on, `batch["experience"]` honoured, with advantages, on `self.device`.
 
-        `exgrpo_pl.groups.sample_groups` with K = `num_generations`, `global_step` as the policy version, and
-        `hparams.scale_rewards` ("group") and `hparams.correct_threshold` (0.5) when the module has them.
+        `exgrpo_pl.step.groups.sample_groups` with K = `num_generations`, `global_step` as the policy version,
+        and `hparams.scale_rewards` ("group") and `hparams.correct_threshold` (0.5) when the module has them.
 
         Args:
             batch: the training batch.
@@ -114,9 +114,9 @@ class ReplayMixin:
     ) -> None:
         """The fresh rows' behaviour log-probs and entropy from this batch's first forward (in place).
 
-        See `exgrpo_pl.groups.record_behaviour`: `logps` `[n, C]`, `logits` `[n, C, V]` (or token entropies
-        `[n, C]`) of the forward taken before any update on this batch; `rows`, the rows of `rollouts` a
-        micro-batched forward took (default: all).
+        See `exgrpo_pl.step.groups.record_behaviour`: `logps` `[n, C]`, `logits` `[n, C, V]` (or token
+        entropies `[n, C]`) of the forward taken before any update on this batch; `rows`, the rows of
+        `rollouts` a micro-batched forward took (default: all).
         """
         record_behaviour(rollouts, logps, logits, rows)
 
@@ -125,7 +125,7 @@ class ReplayMixin:
     ) -> Tensor:
         """`per_token` `[n, C]` with the replayed rows' terms replaced by -f(w) A (ExGRPO's off-policy term).
 
-        See `exgrpo_pl.groups.replayed_token_loss`; reads `hparams.off_policy_correction` ("shaping"),
+        See `exgrpo_pl.step.groups.replayed_token_loss`; reads `hparams.off_policy_correction` ("shaping"),
         `hparams.shaping_beta` (0.1) and `hparams.is_truncation` (2.0) when the module has them. With
         replayed rows it logs `train/is_weight`, their mean f(w), as `ExGRPOModule` does. `rows`: the rows of
         `rollouts` that `per_token` and `logps` are of, for a micro-batch (default: all).

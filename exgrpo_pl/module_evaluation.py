@@ -29,8 +29,8 @@ from torchmetrics import MeanMetric
 from exgrpo_pl.evaluation import ProblemSamples, summarize
 from exgrpo_pl.evaluation.report import build_table
 from exgrpo_pl.evaluation.samples import clipped_rows, problem_samples
-from exgrpo_pl.groups import RolloutPlan, dataset_columns, plan_rollouts
 from exgrpo_pl.seeding import derive_seed
+from exgrpo_pl.step.groups import RolloutPlan, dataset_columns, plan_rollouts
 
 # Batch keys of an evaluation set's batches that are not dataset columns for the reward functions.
 _SET_KEYS = ("num_samples",)

@@ -5,8 +5,8 @@ before any training starts.
 from __future__ import annotations
 
 from exgrpo_pl.engines import check_engine
-from exgrpo_pl.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
 from exgrpo_pl.models import DTYPES
+from exgrpo_pl.step.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
 from exgrpo_pl.validation import check_choice, check_number, check_numbers
 
 NUMERIC_OPTIONS = {

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
-from exgrpo_pl.rollout import score_entropy
+from exgrpo_pl.step.rollout import score_entropy
 
 
 def stored_rows(n: int, vocab: int, seed: int = 0) -> RolloutBatch:

@@ -189,11 +189,12 @@ class WalkOfAStep(Callback):
         self.calls = []
 
     def _file(self, frame):
+        """The frame's file relative to the package's folder (or to callbacks/), or None outside both."""
         path = Path(frame.f_code.co_filename)
-        inside = path.is_relative_to(self.PACKAGE / "exgrpo_pl") or path.is_relative_to(
-            self.PACKAGE / "callbacks"
-        )
-        return path.name if inside else None
+        for folder in (self.PACKAGE / "exgrpo_pl", self.PACKAGE / "callbacks"):
+            if path.is_relative_to(folder):
+                return path.relative_to(folder).as_posix()
+        return None
 
     def _profile(self, frame, event, arg):
         if event == "call" and frame.f_back is not None:
@@ -227,8 +228,8 @@ def test_a_training_step_reads_top_to_bottom_and_no_stage_calls_back_up(tiny_mod
     from_module = [callee for caller, callee in walk.calls if caller == "module.py"]
     visits = [f for i, f in enumerate(from_module) if i == 0 or f != from_module[i - 1]]
     # batch.py: the groups moved to the module's device (`RolloutBatch.to`)
-    assert visits == ["rollout_plan.py", "collect.py", "group_assembly.py", "batch.py", "update.py"]
-    stages = ["module.py", "rollout_plan.py", "collect.py", "group_assembly.py", "update.py"]
+    assert visits == ["step/plan.py", "step/collect.py", "step/assembly.py", "batch.py", "step/update.py"]
+    stages = ["module.py", "step/plan.py", "step/collect.py", "step/assembly.py", "step/update.py"]
     back = [
         (a, b) for a, b in walk.calls if a in stages and b in stages and stages.index(b) < stages.index(a)
     ]

@@ -1,7 +1,7 @@
 """Sampling completions with `model.generate`: the completions, their masks, and the positions of padded rows.
 
 Prompts are left-padded and completions right-padded (see `exgrpo_pl.batch`). Positions are derived from
-the attention mask (`position_ids_from_mask`) here in generation and in scoring (`exgrpo_pl.rollout`), so
+the attention mask (`position_ids_from_mask`) here in generation and in scoring (`exgrpo_pl.step.rollout`), so
 the log-probs of a scored completion are exactly the ones it was sampled with.
 
 Layer: part of the rollout engines (`exgrpo_pl.engines.hf` samples with `sample_completions`,

@@ -25,7 +25,7 @@ from exgrpo_pl.models import load_policy, load_tokenizer
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.rewards import ReasoningReward
 from exgrpo_pl.rewards.reasoning import parse_terms
-from exgrpo_pl.rollout import completion_logps
+from exgrpo_pl.step.rollout import completion_logps
 
 ROWS = ReasoningTask().rows()
 

@@ -16,8 +16,8 @@ from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.contract import ContractError
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule, collate_rows
 from exgrpo_pl.experience import SelectiveReplay
-from exgrpo_pl.losses import compute_importance_weights
 from exgrpo_pl.rewards import FormatReward
+from exgrpo_pl.step.losses import compute_importance_weights
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_module.py"
 spec = importlib.util.spec_from_file_location("own_module_example", EXAMPLE)

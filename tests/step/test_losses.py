@@ -1,4 +1,4 @@
-"""exgrpo_pl.losses on hand-computed cases, plus properties that must hold for any input."""
+"""exgrpo_pl.step.losses on hand-computed cases, plus properties that must hold for any input."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo_pl.losses import (
+from exgrpo_pl.step.losses import (
     LossNormaliser,
     compute_grpo_loss,
     compute_importance_weights,

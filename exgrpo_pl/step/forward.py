@@ -2,7 +2,7 @@
 behaviour log-probs and entropy (`record_behaviour`), and the replayed rows' importance-weighted token terms
 (`replayed_token_loss`).
 
-Part of `exgrpo_pl.groups` (see there for the whole step); plain PyTorch, no Lightning and no model.
+Part of `exgrpo_pl.step.groups` (see there for the whole step); plain PyTorch, no Lightning and no model.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.losses import compute_importance_weights, masked_mean, replayed_terms, token_entropy
+from exgrpo_pl.step.losses import compute_importance_weights, masked_mean, replayed_terms, token_entropy
 
 
 @torch.no_grad()
@@ -61,8 +61,8 @@ def replayed_token_loss(
     A replayed row was sampled by an older policy, so the clipped ratio against this step's own log-probs
     says nothing about it; ExGRPO weights its tokens by f(w), w = pi_theta / pi_behaviour from the stored
     behaviour log-probs, unclipped (`compute_importance_weights`: policy shaping w / (w + beta) by
-    default; `exgrpo_pl.losses.replayed_terms`, which `compute_grpo_loss` uses too). Fresh rows keep their
-    terms; without replayed rows `per_token` is returned as it is.
+    default; `exgrpo_pl.step.losses.replayed_terms`, which `compute_grpo_loss` uses too). Fresh rows keep
+    their terms; without replayed rows `per_token` is returned as it is.
 
     Args:
         per_token: `[n, C]` the module's per-token loss (e.g. the clipped surrogate).

@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.engines.generation import position_ids_from_mask
-from exgrpo_pl.logprobs import DEFAULT_CHUNK_ELEMENTS, token_logps_and_entropy
-from exgrpo_pl.losses import masked_mean, token_entropy
+from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS, token_logps_and_entropy
+from exgrpo_pl.step.losses import masked_mean, token_entropy
 
 ENTROPY_METHODS = ("entropy", "confidence_variance")
 
@@ -68,7 +68,7 @@ def completion_logps(
     """Per-token log-probs (and entropies) of the completion tokens from one forward pass.
 
     Beyond the model's own `[N, C+1, V]` logits, memory is bounded by `chunk_elements`: the float32 softmax
-    work runs chunk by chunk (`exgrpo_pl.logprobs.token_logps_and_entropy`), with or without gradients.
+    work runs chunk by chunk (`exgrpo_pl.step.logprobs.token_logps_and_entropy`), with or without gradients.
 
     Returns:
         log-probs `[N, C]` and token entropies `[N, C]` (None when `with_entropy` is False); both are

@@ -1,7 +1,7 @@
 """RolloutCollector: prompts in, scored rollouts out (tokenize, sample with an engine, decode, reward).
 
 `ExGRPOModule` collects its training and validation rollouts with it: what is sampled is its step's plan
-(`exgrpo_pl.rollout_plan`: prompts, how many rollouts of each, their dataset columns), and which engine
+(`exgrpo_pl.step.plan`: prompts, how many rollouts of each, their dataset columns), and which engine
 samples is the module's choice.
 
     collector = RolloutCollector(tokenizer, [ArithmeticReward()], max_prompt_length=64)

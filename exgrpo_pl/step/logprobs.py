@@ -8,7 +8,7 @@ whatever N and C; with gradients, only the logits are kept for the backward pass
 chunk's softmax, instead of three float32 copies of the whole tensor.
 
 Every chunk runs the same operations as the whole tensor would (`selective_log_softmax` and
-`token_entropy` of `exgrpo_pl.losses`), row by row, so the results do not depend on the chunk size.
+`token_entropy` of `exgrpo_pl.step.losses`), row by row, so the results do not depend on the chunk size.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from exgrpo_pl.losses import token_entropy
+from exgrpo_pl.step.losses import token_entropy
 
 # Logits per chunk: 2**24 float32 elements are 64 MiB, and a chunk's work holds about four such tensors.
 DEFAULT_CHUNK_ELEMENTS = 2**24
@@ -107,7 +107,7 @@ def token_logps_and_entropy(
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob of each token and entropy of each next-token distribution, at `logits / temperature`.
 
-    Equal to `selective_log_softmax(x, token_ids)` and `token_entropy(x)` of `exgrpo_pl.losses` with
+    Equal to `selective_log_softmax(x, token_ids)` and `token_entropy(x)` of `exgrpo_pl.step.losses` with
     `x = logits[:, :C].float() / temperature` (float64 logits stay float64), computed on chunks of about
     `chunk_elements` logits, so that no float32 tensor of the logits' size is ever made. Differentiable
     with respect to `logits`; the backward keeps only `logits` and recomputes the softmax chunk by chunk.

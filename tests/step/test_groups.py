@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.contract import Experience
 from exgrpo_pl.experience import DifficultyBucketer, TrajectoryBuffer
-from exgrpo_pl.groups import (
+from exgrpo_pl.step.groups import (
     assemble_groups,
     fresh_rollouts,
     plan_rollouts,
@@ -21,7 +21,12 @@ from exgrpo_pl.groups import (
     replayed_token_loss,
     sample_groups,
 )
-from exgrpo_pl.losses import LossNormaliser, compute_grpo_loss, compute_importance_weights, group_advantages
+from exgrpo_pl.step.losses import (
+    LossNormaliser,
+    compute_grpo_loss,
+    compute_importance_weights,
+    group_advantages,
+)
 
 
 def rows(question_ids, rewards, replayed=False, prompts=None, answers=None, domains=None):

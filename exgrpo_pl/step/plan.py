@@ -1,7 +1,7 @@
 """What a training step samples: the batch's fresh questions and, in mix mode, the replayed ones (each with
 one rollout fewer, its stored trajectory completing the group), as a `RolloutPlan`.
 
-Part of `exgrpo_pl.groups` (see there for the whole step); plain PyTorch, no Lightning and no model.
+Part of `exgrpo_pl.step.groups` (see there for the whole step); plain PyTorch, no Lightning and no model.
 """
 
 from __future__ import annotations

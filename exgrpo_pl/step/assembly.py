@@ -2,7 +2,7 @@
 K, mixed groups (stored row first, then its K-1 fresh rows), or swap-mode rows with advantages on the
 on-policy scale.
 
-Part of `exgrpo_pl.groups` (see there for the whole step); plain PyTorch, no Lightning and no model.
+Part of `exgrpo_pl.step.groups` (see there for the whole step); plain PyTorch, no Lightning and no model.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.losses import SCALE_REWARDS, group_advantages
-from exgrpo_pl.rollout_plan import RolloutPlan
+from exgrpo_pl.step.losses import SCALE_REWARDS, group_advantages
+from exgrpo_pl.step.plan import RolloutPlan
 
 
 def assemble_groups(plan: RolloutPlan, fresh: RolloutBatch | None, scale_rewards: str) -> RolloutBatch:

@@ -7,7 +7,7 @@ from lightning.pytorch import Trainer
 from transformers import LlamaConfig
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.rollout_memory import device_memory_bytes, sampling_bytes
+from exgrpo_pl.step.rollout_memory import device_memory_bytes, sampling_bytes
 
 
 def test_the_estimate_is_the_kv_cache_and_the_last_logits():

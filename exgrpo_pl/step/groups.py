@@ -19,18 +19,18 @@ and `replayed_token_loss` puts the replayed rows' importance-weighted term into 
 - Swap (the seed): nothing is generated; the step trains on the replayed rows alone, with their stored
   baseline advantage put on the scale of on-policy ones (`replay_advantages`).
 
-The parts live in `exgrpo_pl.rollout_plan` (`plan_rollouts`, `RolloutPlan`), `exgrpo_pl.group_assembly`
-(`assemble_groups`, `replay_advantages`), `exgrpo_pl.group_sampling` (`sample_groups`, `fresh_rollouts`) and
-`exgrpo_pl.group_forward` (`record_behaviour`, `replayed_token_loss`); import them from here. Plain PyTorch,
+The parts live in `exgrpo_pl.step.plan` (`plan_rollouts`, `RolloutPlan`), `exgrpo_pl.step.assembly`
+(`assemble_groups`, `replay_advantages`), `exgrpo_pl.step.sampling` (`sample_groups`, `fresh_rollouts`) and
+`exgrpo_pl.step.forward` (`record_behaviour`, `replayed_token_loss`); import them from here. Plain PyTorch,
 no Lightning and no model.
 """
 
 # In the order of a step, which the API page (docs/api/mixin.md) follows.
 # isort: off
-from exgrpo_pl.rollout_plan import RESERVED_KEYS, RolloutPlan, dataset_columns, plan_rollouts
-from exgrpo_pl.group_assembly import assemble_groups, replay_advantages
-from exgrpo_pl.group_sampling import SAMPLED, fresh_rollouts, sample_groups
-from exgrpo_pl.group_forward import record_behaviour, replayed_token_loss
+from exgrpo_pl.step.plan import RESERVED_KEYS, RolloutPlan, dataset_columns, plan_rollouts
+from exgrpo_pl.step.assembly import assemble_groups, replay_advantages
+from exgrpo_pl.step.sampling import SAMPLED, fresh_rollouts, sample_groups
+from exgrpo_pl.step.forward import record_behaviour, replayed_token_loss
 # isort: on
 
 __all__ = [

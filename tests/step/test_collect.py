@@ -8,11 +8,11 @@ import torch
 from conftest import VERL, tiny_module
 from lightning.pytorch import Trainer
 
-from exgrpo_pl.collect import RolloutCollector
 from exgrpo_pl.data import ARITHMETIC_ALPHABET, PromptDataModule
 from exgrpo_pl.engines import Completions, SamplingConfig
 from exgrpo_pl.models import build_char_tokenizer
 from exgrpo_pl.rewards import ArithmeticReward, FormatReward
+from exgrpo_pl.step.collect import RolloutCollector
 
 TOKENIZER = build_char_tokenizer(ARITHMETIC_ALPHABET)
 SAMPLING = SamplingConfig(4, 1.0, 1.0, TOKENIZER.pad_token_id, (TOKENIZER.eos_token_id,))

@@ -1,4 +1,4 @@
-"""exgrpo_pl.rollout: the alignment of scored log-probs and entropies, and the entropy measures."""
+"""exgrpo_pl.step.rollout: the alignment of scored log-probs and entropies, and the entropy measures."""
 
 import math
 from types import SimpleNamespace
@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.engines.generation import sample_completions
-from exgrpo_pl.losses import masked_mean, selective_log_softmax, token_entropy
 from exgrpo_pl.models import load_policy
-from exgrpo_pl.rollout import (
+from exgrpo_pl.step.losses import masked_mean, selective_log_softmax, token_entropy
+from exgrpo_pl.step.rollout import (
     completion_logits,
     completion_logps,
     compute_entropy,

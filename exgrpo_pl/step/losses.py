@@ -1,7 +1,7 @@
 """The GRPO / ExGRPO math as pure functions: advantages, importance weights, the policy loss.
 
 Nothing here knows about models, buffers or Lightning, so every function is tested on hand-computed cases
-(tests/test_losses.py). Shapes: N rollouts, L completion tokens, K rollouts per question (group size).
+(tests/step/test_losses.py). Shapes: N rollouts, L completion tokens, K rollouts per question (group size).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def replayed_terms(
     """`per_token` `[N, L]` with each replayed row's terms replaced by ExGRPO's -f(w) A.
 
     The one place the replayed term is written: `compute_grpo_loss` and
-    `exgrpo_pl.groups.replayed_token_loss` (a module's own loss, `ReplayMixin.replay_loss`) both use it.
+    `exgrpo_pl.step.groups.replayed_token_loss` (a module's own loss, `ReplayMixin.replay_loss`) both use it.
 
     Args:
         per_token: `[N, L]` the on-policy per-token loss.

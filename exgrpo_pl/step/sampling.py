@@ -2,7 +2,7 @@
 `rollout_fn(prompts, **columns)` once, turns what it returns into the fresh `RolloutBatch`
 (`fresh_rollouts`) and assembles the groups, saying in the sampler's terms what came back wrong.
 
-Part of `exgrpo_pl.groups` (see there for the whole step); plain PyTorch, no Lightning and no model.
+Part of `exgrpo_pl.step.groups` (see there for the whole step); plain PyTorch, no Lightning and no model.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.group_assembly import assemble_groups
-from exgrpo_pl.rollout_plan import RolloutPlan, plan_rollouts
+from exgrpo_pl.step.assembly import assemble_groups
+from exgrpo_pl.step.plan import RolloutPlan, plan_rollouts
 
 # What a `sample_groups` sampler returns, in this order (optionally followed by the decoded completions).
 SAMPLED = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "rewards")

@@ -1,10 +1,10 @@
 """The optimisation half of a GRPO step: micro-batched forwards and backwards, clipping, and the step itself.
 
-`ExGRPOModule` trains each step's groups (`exgrpo_pl.groups.assemble_groups`) with its `update_policy`
+`ExGRPOModule` trains each step's groups (`exgrpo_pl.step.groups.assemble_groups`) with its `update_policy`
 (`PolicyUpdate`), which runs `num_iterations` optimizer updates on them. The loss is
-`exgrpo_pl.losses.compute_grpo_loss`: the clipped ratio on fresh rows, f(w) = w / (w + beta) on replayed ones.
-An update whose loss or gradient norm is NaN or infinite is skipped, so a bad batch never reaches the weights
-(`NonFiniteGuard`).
+`exgrpo_pl.step.losses.compute_grpo_loss`: the clipped ratio on fresh rows, f(w) = w / (w + beta) on replayed
+ones. An update whose loss or gradient norm is NaN or infinite is skipped, so a bad batch never reaches the
+weights (`NonFiniteGuard`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.engines.generation import completion_mask_from_ids
-from exgrpo_pl.group_forward import record_behaviour
-from exgrpo_pl.losses import LossNormaliser, compute_grpo_loss, compute_importance_weights
-from exgrpo_pl.rollout import completion_logps
+from exgrpo_pl.step.forward import record_behaviour
+from exgrpo_pl.step.losses import LossNormaliser, compute_grpo_loss, compute_importance_weights
+from exgrpo_pl.step.rollout import completion_logps
 
 
 class NonFiniteGuard:

@@ -1,4 +1,4 @@
-"""The update's handling of loss scaling and of steps that DeepSpeed skips (`exgrpo_pl.update`)."""
+"""The update's handling of loss scaling and of steps that DeepSpeed skips (`exgrpo_pl.step.update`)."""
 
 import json
 import multiprocessing
@@ -12,7 +12,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.update import NonFiniteGuard, PolicyUpdate
+from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate
 
 
 def test_scaled_gradients_are_measured_and_clipped_as_unscaled():

@@ -1,4 +1,4 @@
-"""exgrpo_pl.logprobs: chunked log-probs and entropies equal the whole-tensor ones, values and gradients,
+"""exgrpo_pl.step.logprobs: chunked log-probs and entropies equal the whole-tensor ones, values and gradients,
 whatever the chunk size, and never build a float32 tensor of the logits' size."""
 
 import pytest
@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from exgrpo_pl.logprobs import chunk_bounds, token_logps_and_entropy
-from exgrpo_pl.losses import selective_log_softmax, token_entropy
+from exgrpo_pl.step.logprobs import chunk_bounds, token_logps_and_entropy
+from exgrpo_pl.step.losses import selective_log_softmax, token_entropy
 
 
 def whole_tensor(logits, token_ids, temperature):
