@@ -134,7 +134,7 @@ class Phases:
 # ------------------------------------------------------------------------------------------- worker
 def _fp32_weights(spec: dict) -> bool:
     """Whether the job trains without DeepSpeed: then in fp32 weights with bf16 compute (bf16-mixed), since
-    nothing else keeps fp32 master weights of bf16 ones (`exgrpo_pl.strategies.check_strategy`)."""
+    nothing else keeps fp32 master weights of bf16 ones (`exgrpo_pl.module.strategies.check_strategy`)."""
     return spec["job"] == "step" and "deepspeed" not in str(spec["strategy"]).lower()
 
 

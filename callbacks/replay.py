@@ -31,8 +31,8 @@ from typing_extensions import override
 from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule, StepChecker
 from exgrpo_pl.experience.buffer import TrajectoryBuffer
 from exgrpo_pl.experience.replay import SelectiveReplay
-from exgrpo_pl.logging_steps import writes_step_metrics
-from exgrpo_pl.strategies import needs_synced_generation, zero_stage
+from exgrpo_pl.module.logging_steps import writes_step_metrics
+from exgrpo_pl.module.strategies import needs_synced_generation, zero_stage
 from exgrpo_pl.validation import check_number
 
 DISPLACED_QUESTIONS = ("discard", "defer")  # what becomes of the fresh questions a replay step displaces

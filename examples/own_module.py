@@ -23,8 +23,8 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.mixin import ReplayMixin  # replay
 from exgrpo_pl.models import resolve_model_path
+from exgrpo_pl.module import ReplayMixin  # replay
 from exgrpo_pl.rewards import ArithmeticReward
 
 

@@ -21,7 +21,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.evaluation.report import to_markdown, write_report
-from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.module.grpo import ExGRPOModule
 
 
 class ExGRPOCLI(LightningCLI):

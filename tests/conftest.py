@@ -20,7 +20,7 @@ from exgrpo_pl.rewards import FormatReward
 # Test files import each other's helpers by file name (`from test_buffer import group`, every test file's name
 # being unique under tests/): tests/ is on sys.path (this file's folder), and so are the folders that mirror
 # the package's subpackages, whichever test file pytest collects first.
-for _folder in ("checkpoints", "experience", "step"):
+for _folder in ("checkpoints", "experience", "module", "step"):
     if str(Path(__file__).parent / _folder) not in sys.path:
         sys.path.append(str(Path(__file__).parent / _folder))
 

@@ -6,8 +6,8 @@ experience into the batch and the module mixes it in (`exgrpo_pl.step.groups`). 
 `training_step`: plan the rollouts (`exgrpo_pl.step.plan`), sample them with a rollout engine
 (`exgrpo_pl.engines`) and score them (`RolloutCollector`, `exgrpo_pl.step.collect`), assemble the groups
 (`exgrpo_pl.step.assembly`), update the policy (`PolicyUpdate`, `exgrpo_pl.step.update`). Its options are
-checked in `exgrpo_pl.module_options`, its validation and test in `exgrpo_pl.module_evaluation`
-(`PassRateEvaluation`), its checkpoint and resume hooks in `exgrpo_pl.module_resume` (`ResumableModule`).
+checked in `exgrpo_pl.module.options`, its validation and test in `exgrpo_pl.module.evaluation`
+(`PassRateEvaluation`), its checkpoint and resume hooks in `exgrpo_pl.module.resumable` (`ResumableModule`).
 
     exgrpo fit --config configs/quickstart.yaml
 """
@@ -31,19 +31,19 @@ from exgrpo_pl.checkpoints.resume import estimated_stepping_batches
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.engines import SamplingConfig, build_engine
 from exgrpo_pl.lightning_internals import attached_trainer
-from exgrpo_pl.logging_steps import step_metrics, writes_step_metrics
-from exgrpo_pl.mixin import ReplayMixin
 from exgrpo_pl.models import completion_stop_ids, load_policy, load_tokenizer, lora_config
-from exgrpo_pl.module_evaluation import PassRateEvaluation
-from exgrpo_pl.module_options import check_options
-from exgrpo_pl.module_resume import ResumableModule
+from exgrpo_pl.module.evaluation import PassRateEvaluation
+from exgrpo_pl.module.logging_steps import step_metrics, writes_step_metrics
+from exgrpo_pl.module.mixin import ReplayMixin
+from exgrpo_pl.module.options import check_options
+from exgrpo_pl.module.resumable import ResumableModule
+from exgrpo_pl.module.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
 from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.step.collect import RolloutCollector
 from exgrpo_pl.step.groups import RolloutPlan, assemble_groups, plan_rollouts
 from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS
 from exgrpo_pl.step.rollout_memory import check_rollout_memory
 from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate
-from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
 
 
 class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModule, LightningModule):

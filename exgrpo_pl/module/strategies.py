@@ -7,7 +7,7 @@ built. A user config that disagrees with the trainer then fails late (after a mu
 worse, trains silently with settings nobody asked for. `check_strategy` says so before anything is loaded;
 `ExGRPOModule.setup` calls it before fit, validate and test.
 
-    from exgrpo_pl.strategies import check_strategy
+    from exgrpo_pl.module.strategies import check_strategy
     check_strategy(trainer, module, datamodule)   # raises ValueError naming every conflict
 
 Two helpers for the module under sharding: `needs_synced_generation(trainer)` (pass it as `synced_gpus` to

@@ -16,7 +16,7 @@ from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, EvalSet, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
 
-CONFIGS = Path(__file__).parents[1] / "configs"
+CONFIGS = Path(__file__).parents[2] / "configs"
 
 
 class FirstCharacter:

@@ -1,5 +1,5 @@
-"""exgrpo_pl.mixin.ReplayMixin on ExGRPOModule: rescoring micro-batches, and the ZeRO-3 forward-count contract
-(`entropy_forwards` is exactly what `score_entropy` runs)."""
+"""exgrpo_pl.module.ReplayMixin on ExGRPOModule: rescoring micro-batches, and the ZeRO-3 forward-count
+contract (`entropy_forwards` is exactly what `score_entropy` runs)."""
 
 import pytest
 import torch

@@ -183,7 +183,7 @@ def test_swap_experience_trains_on_stored_rows_without_generating(tiny_model_dir
 class WalkOfAStep(Callback):
     """Records (caller file, callee file) of every call between two package files during a training step."""
 
-    PACKAGE = Path(__file__).parents[1]
+    PACKAGE = Path(__file__).parents[2]
 
     def __init__(self):
         self.calls = []
@@ -225,11 +225,11 @@ def test_a_training_step_reads_top_to_bottom_and_no_stage_calls_back_up(tiny_mod
     trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[InjectMix(), walk, record], limit_val_batches=0)
     trainer.fit(make_module(tiny_model_dir), datamodule=data)
     assert bool(record.outputs[-1]["rollouts"].replayed.any())  # a mixed step, the longest way through
-    from_module = [callee for caller, callee in walk.calls if caller == "module.py"]
+    from_module = [callee for caller, callee in walk.calls if caller == "module/grpo.py"]
     visits = [f for i, f in enumerate(from_module) if i == 0 or f != from_module[i - 1]]
     # batch.py: the groups moved to the module's device (`RolloutBatch.to`)
     assert visits == ["step/plan.py", "step/collect.py", "step/assembly.py", "batch.py", "step/update.py"]
-    stages = ["module.py", "step/plan.py", "step/collect.py", "step/assembly.py", "step/update.py"]
+    stages = ["module/grpo.py", "step/plan.py", "step/collect.py", "step/assembly.py", "step/update.py"]
     back = [
         (a, b) for a, b in walk.calls if a in stages and b in stages and stages.index(b) < stages.index(a)
     ]

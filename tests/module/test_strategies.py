@@ -15,12 +15,17 @@ from lightning.pytorch.trainer.states import TrainerFn
 from exgrpo_pl.cli import ExGRPOCLI
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation, zero_stage
+from exgrpo_pl.module.strategies import (
+    check_strategy,
+    hf_deepspeed_config,
+    needs_synced_generation,
+    zero_stage,
+)
 
 pytest.importorskip("deepspeed")
 from lightning.pytorch.strategies import DeepSpeedStrategy  # noqa: E402
 
-CONFIGS = Path(__file__).parents[1] / "configs"
+CONFIGS = Path(__file__).parents[2] / "configs"
 PRESETS = {2: CONFIGS / "qwen2.5-math-1.5b_zero2.yaml", 3: CONFIGS / "qwen2.5-math-1.5b_zero3.yaml"}
 
 
@@ -355,7 +360,7 @@ import deepspeed
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from transformers import AutoModelForCausalLM
-from exgrpo_pl.strategies import hf_deepspeed_config
+from exgrpo_pl.module.strategies import hf_deepspeed_config
 deepspeed.init_distributed(dist_backend="gloo")
 path, name = sys.argv[1], "model.layers.0.mlp.up_proj.weight"
 expected = dict(AutoModelForCausalLM.from_pretrained(path).named_parameters())[name].detach()
@@ -400,7 +405,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.strategies import check_strategy
+from exgrpo_pl.module.strategies import check_strategy
 deepspeed.init_distributed(dist_backend="gloo")
 for stage in (1, 2, 3):
     for checked in (True, False):

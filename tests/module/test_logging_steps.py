@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
 
-from exgrpo_pl.logging_steps import writes_step_metrics
+from exgrpo_pl.module.logging_steps import writes_step_metrics
 
 
 class LogsBothWays(LightningModule):
