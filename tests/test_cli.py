@@ -14,6 +14,7 @@ from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.cli import ExGRPOCLI, main
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.moved import ModuleMovedError
 
 
 @pytest.fixture
@@ -142,3 +143,32 @@ def test_an_invalid_callback_option_is_the_error_alone(tiny_args, option, messag
     with pytest.raises(ValueError, match=message) as raised:
         main(["fit", *tiny_args, callback])
     assert raised.value.__cause__ is None and raised.value.__suppress_context__  # no union dump above it
+
+
+def test_a_config_with_an_old_module_path_stops_before_anything_is_built(tiny_args, tmp_path):
+    """A config of the flat layout: one error lists each old path with its file and line (or argument) and
+    the new path, before parsing; jsonargparse would bury the first one in its dump of the types it tried."""
+    config = tmp_path / "old.yaml"
+    config.write_text(
+        "# exgrpo_pl.strategies.check_strategy completes DeepSpeed's config (a comment: not read)\n"
+        "trainer:\n"
+        "  callbacks:\n"
+        "    - class_path: exgrpo_pl.callbacks.ReplayCallback\n"
+        "      init_args:\n"
+        "        buffer: {class_path: exgrpo_pl.buffer.TrajectoryBuffer}  # exgrpo_pl.update: not read\n"
+        "    - class_path: exgrpo_pl.checkpointing.SafeModelCheckpoint\n"
+    )
+    plugin = "--trainer.plugins=exgrpo_pl.checkpointing.AtomicCheckpointIO"
+    with pytest.raises(ModuleMovedError) as raised:
+        main(["fit", "--config", str(config), *tiny_args, plugin])
+    checkpoints = "AtomicCheckpointIO and SafeModelCheckpoint import from exgrpo_pl.checkpoints"
+    assert str(raised.value).splitlines() == [
+        "exgrpo_pl's modules moved into folders; update these paths:",
+        f"  {config}, line 6: exgrpo_pl.buffer.TrajectoryBuffer: exgrpo_pl.buffer moved to "
+        "exgrpo_pl.experience.buffer; TrajectoryBuffer imports from exgrpo_pl.experience",
+        f"  {config}, line 7: exgrpo_pl.checkpointing.SafeModelCheckpoint: exgrpo_pl.checkpointing moved to "
+        f"exgrpo_pl.checkpoints.saving; {checkpoints}",
+        f"  argument {plugin!r}: exgrpo_pl.checkpointing.AtomicCheckpointIO: exgrpo_pl.checkpointing moved "
+        f"to exgrpo_pl.checkpoints.saving; {checkpoints}",
+    ]
+    assert not (tmp_path / "lightning_logs").exists()
