@@ -147,7 +147,7 @@ def check_old_module_paths(args) -> None:
 
     jsonargparse reports the import error too, but only the first one, inside the dump of every type it tried
     (as for `instantiate_classes`' errors). Config files are the arguments that name a .yaml, .yml or .json
-    file; YAML comments are not read.
+    file of at most 1 MiB; YAML comments are not read.
     """
     found = []
     for source, text in _argument_texts(args):
@@ -166,11 +166,13 @@ def _argument_texts(args) -> Iterator[tuple[str, str]]:
     """(source, text) of each argument: the contents of a config file it names, or the argument itself."""
     for arg in map(str, args if isinstance(args, list | tuple) else [args]):  # a dict: its text
         path = Path(arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg)
-        try:
-            is_config = path.suffix in (".yaml", ".yml", ".json") and path.is_file()
-        except OSError:  # not a path (a name too long, ...)
+        try:  # a config is small: a large data file (.json) is not read
+            is_config = (
+                path.suffix in (".yaml", ".yml", ".json") and path.is_file() and path.stat().st_size <= 2**20
+            )
+        except OSError:  # no such file, or not a path (a name too long, ...)
             is_config = False
-        yield (str(path), path.read_text()) if is_config else ("argument", arg)
+        yield (str(path), path.read_text(errors="replace")) if is_config else ("argument", arg)
 
 
 def main(args=None) -> None:
