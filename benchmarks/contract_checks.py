@@ -24,10 +24,10 @@ import timeit
 from pathlib import Path
 
 import torch
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.contract import Experience, StepChecker, check_experience_used, check_rollouts
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import SelectiveReplay

@@ -215,12 +215,12 @@ def _rescore_call(module, meter: Meter, spec: dict) -> dict:
 
 
 def _step(module, meter: Meter, spec: dict, preset: bool) -> dict:
-    from exgrpo_pl.callbacks import ReplayCallback
     from lightning.pytorch import Callback, Trainer
 
     # From the top level: the "before" checkout has the flat layout (exgrpo_pl.buffer, ...), this one the
     # folders.
     from exgrpo_pl import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
+    from exgrpo_pl.callbacks import ReplayCallback
     from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 
     work, measured_step = spec["work"], 1

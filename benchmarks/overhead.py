@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.cli import ExGRPOCLI
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer

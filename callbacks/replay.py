@@ -15,6 +15,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
 from exgrpo_pl.callbacks import replay_checks
 from exgrpo_pl.callbacks.collectives import (
     all_ranks,
@@ -24,10 +28,6 @@ from exgrpo_pl.callbacks.collectives import (
     union_across_ranks,
 )
 from exgrpo_pl.callbacks.rescoring import Rescoring
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_warn
-from typing_extensions import override
-
 from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule, StepChecker
 from exgrpo_pl.experience.buffer import TrajectoryBuffer
 from exgrpo_pl.experience.replay import SelectiveReplay

@@ -6,10 +6,10 @@ import math
 import re
 
 import pytest
-from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule, ReasoningTask
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule

@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import CPUDeepSpeedStrategy, tiny_module
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from test_buffer import assert_same, filled_buffer
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.checkpoints.saving import COMPLETE_MARKER, SafeModelCheckpoint, newest_complete_checkpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_module
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import CSVLogger
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.checkpoints.resume import (
     estimated_stepping_batches,

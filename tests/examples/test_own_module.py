@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.contract import ContractError
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule, collate_rows
 from exgrpo_pl.experience import SelectiveReplay

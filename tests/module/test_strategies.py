@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.cli import ExGRPOCLI
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule

@@ -14,9 +14,9 @@ import json
 import pytest
 import torch
 from conftest import tiny_module
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.experience import SelectiveReplay
 
