@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.buffer import STRATEGIES, TrajectoryBuffer
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer
+from exgrpo_pl.experience.buffer import STRATEGIES, TrajectoryBuffer
 
 RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
 PROMPT, COMPLETION, K, CHUNK = 64, 512, 8, 256

@@ -31,8 +31,8 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from transformers import LlamaForCausalLM
 
-from exgrpo_pl.checkpoint_integrity import record_reason
-from exgrpo_pl.checkpointing import check_finite, save_atomically
+from exgrpo_pl.checkpoints.integrity import record_reason
+from exgrpo_pl.checkpoints.saving import check_finite, save_atomically
 from exgrpo_pl.models import tiny_llama_config
 
 RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"

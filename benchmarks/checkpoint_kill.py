@@ -35,7 +35,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from exgrpo_pl.checkpointing import TEMP_NAME, AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.checkpoints.saving import TEMP_NAME, AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ARITHMETIC_ALPHABET, ArithmeticTask, PromptDataModule
 from exgrpo_pl.models import build_char_tokenizer, tiny_llama_config
 from exgrpo_pl.module import ExGRPOModule

@@ -24,14 +24,14 @@ import timeit
 from pathlib import Path
 
 import torch
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.contract import Experience, StepChecker, check_experience_used, check_rollouts
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.groups import assemble_groups, plan_rollouts
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import SelectiveReplay
+from exgrpo_pl.step.groups import assemble_groups, plan_rollouts
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -37,8 +37,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from exgrpo_pl.data import ArithmeticTask
 from exgrpo_pl.engines import Completions, HFEngine, SamplingConfig, StaticCacheEngine
+from exgrpo_pl.engines.generation import completion_mask_from_ids
 from exgrpo_pl.models import load_policy, load_tokenizer
-from exgrpo_pl.rollout import completion_mask_from_ids
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -237,7 +237,7 @@ def probe_full_disk(workdir: Path) -> tuple[str, str, dict]:
             return "not run", "mounting a tmpfs needs root", {}
         run = exgrpo(
             workdir, "--trainer.max_steps=6", f"--trainer.default_root_dir={disk}",
-            "--trainer.callbacks+=exgrpo_pl.checkpointing.SafeModelCheckpoint",
+            "--trainer.callbacks+=exgrpo_pl.checkpoints.SafeModelCheckpoint",
             "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_last=link",
         )  # fmt: skip
         saved = sorted(disk.glob("lightning_logs/*/checkpoints/*.ckpt"))
@@ -261,7 +261,7 @@ def probe_exception_in_training(workdir: Path) -> tuple[str, str, dict]:
     write_rewards(workdir)
     run = exgrpo(
         workdir, "--trainer.max_steps=6", FAILING,
-        "--trainer.callbacks+=exgrpo_pl.checkpointing.SafeModelCheckpoint",
+        "--trainer.callbacks+=exgrpo_pl.checkpoints.SafeModelCheckpoint",
         "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_last=link",
         f"--trainer.default_root_dir={workdir / 'run'}",
     )  # fmt: skip
@@ -339,7 +339,7 @@ def probe_flipped_ckpt_path(workdir: Path) -> tuple[str, str, dict]:
 def probe_flipped_last(workdir: Path) -> tuple[str, str, dict]:
     every_step = [
         f"--trainer.default_root_dir={workdir / 'run'}",
-        "--trainer.callbacks+=exgrpo_pl.checkpointing.SafeModelCheckpoint",
+        "--trainer.callbacks+=exgrpo_pl.checkpoints.SafeModelCheckpoint",
         "--trainer.callbacks.every_n_train_steps=1", "--trainer.callbacks.save_top_k=-1",
     ]  # fmt: skip
     first = exgrpo(workdir, "--trainer.max_steps=2", *every_step)
@@ -429,7 +429,7 @@ PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
     "29.2 min_buffer_size 2, max_size 1": probe_option(
         replay_callback(
             min_buffer_size=2,
-            buffer="{class_path: exgrpo_pl.buffer.TrajectoryBuffer, init_args: {max_size: 1}}",
+            buffer="{class_path: exgrpo_pl.experience.TrajectoryBuffer, init_args: {max_size: 1}}",
         ),
         expect=r"min_buffer_size=2: must be <= the buffer's max_size=1",
     ),

@@ -48,11 +48,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback
 from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.cli import ExGRPOCLI
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule

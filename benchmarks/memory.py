@@ -21,8 +21,9 @@ rescoring micro-batch. "engine": one rollout call of the step's shape (questions
 the full budget) with the `hf` and the `static` engine (warmed up first, as before training): its peak, and
 the static engine's KV arena, which it keeps between calls (working tree only).
 
-On CPU the code before chunked log-probs (the parent of the commit that added exgrpo_pl/logprobs.py, checked
-out in a temporary git worktree) runs the same measurements ("before"), next to the working tree ("after").
+On CPU the code before chunked log-probs (the parent of the commit that added exgrpo_pl/logprobs.py, now
+exgrpo_pl/step/logprobs.py, checked out in a temporary git worktree) runs the same measurements ("before"),
+next to the working tree ("after").
 
     python benchmarks/memory.py                    # CPU: ~10M-parameter model, 32K vocabulary, before/after
     python benchmarks/memory.py --quick            # tiny shapes (plumbing)
@@ -133,7 +134,7 @@ class Phases:
 # ------------------------------------------------------------------------------------------- worker
 def _fp32_weights(spec: dict) -> bool:
     """Whether the job trains without DeepSpeed: then in fp32 weights with bf16 compute (bf16-mixed), since
-    nothing else keeps fp32 master weights of bf16 ones (`exgrpo_pl.strategies.check_strategy`)."""
+    nothing else keeps fp32 master weights of bf16 ones (`exgrpo_pl.module.strategies.check_strategy`)."""
     return spec["job"] == "step" and "deepspeed" not in str(spec["strategy"]).lower()
 
 
@@ -214,13 +215,13 @@ def _rescore_call(module, meter: Meter, spec: dict) -> dict:
 
 
 def _step(module, meter: Meter, spec: dict, preset: bool) -> dict:
-    from exgrpo_pl.callbacks import ReplayCallback
     from lightning.pytorch import Callback, Trainer
 
-    from exgrpo_pl.buffer import TrajectoryBuffer
+    # From the top level: the "before" checkout has the flat layout (exgrpo_pl.buffer, ...), this one the
+    # folders.
+    from exgrpo_pl import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
+    from exgrpo_pl.callbacks import ReplayCallback
     from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-    from exgrpo_pl.difficulty import DifficultyBucketer
-    from exgrpo_pl.replay import SelectiveReplay
 
     work, measured_step = spec["work"], 1
     phases = Phases(meter)
@@ -300,8 +301,8 @@ def softmax_work(spec: dict) -> dict:
 
     import torch
 
-    from exgrpo_pl.logprobs import token_logps_and_entropy
-    from exgrpo_pl.losses import selective_log_softmax, token_entropy
+    from exgrpo_pl.step.logprobs import token_logps_and_entropy
+    from exgrpo_pl.step.losses import selective_log_softmax, token_entropy
 
     device, work, vocab = spec["device"], spec["work"], spec["vocab"]
     rows, length = work["micro_batch_size"], work["completion"]
@@ -417,7 +418,8 @@ def run_worker(spec: dict, code: Path) -> dict:
 
 
 def baseline_revision() -> str | None:
-    """The commit before chunked log-probs: the parent of the commit that added exgrpo_pl/logprobs.py."""
+    """The commit before chunked log-probs: the parent of the commit that added exgrpo_pl/logprobs.py (the
+    file's path then; it is exgrpo_pl/step/logprobs.py since the modules moved into folders)."""
     try:
         added = subprocess.run(
             ["git", "-C", str(ROOT), "log", "--diff-filter=A", "--format=%H", "--", "exgrpo_pl/logprobs.py"],

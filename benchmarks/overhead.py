@@ -22,15 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback
 
-from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.cli import ExGRPOCLI
 from exgrpo_pl.data import PromptDataModule
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.replay import SelectiveReplay
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

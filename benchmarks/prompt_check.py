@@ -19,8 +19,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from exgrpo_pl.collect import RolloutCollector
 from exgrpo_pl.rewards import ArithmeticReward
+from exgrpo_pl.step.collect import RolloutCollector
 
 RESULTS = Path(__file__).parent / "results"
 WORDS = (

@@ -45,12 +45,12 @@ CATEGORIES = {
     "generation (model.generate)": ["generation/utils.py:generate"],
     "training forward (log-probs)": [
         "trl/trainer/grpo_trainer.py:_get_per_token_logps_and_entropies",
-        "exgrpo_pl/rollout.py:completion_logps",
+        "exgrpo_pl/step/rollout.py:completion_logps",
     ],
     "backward": ["torch/autograd/__init__.py:backward"],
     "optimizer step + grad clipping": [
         "torch/optim/adam.py:step", "transformers/trainer.py:_clip_grad_norm",
-        "exgrpo_pl/module.py:_clip_gradients",
+        "exgrpo_pl/module/grpo.py:_clip_gradients",
     ],
     "decode + rewards": [
         "tokenization_utils_base.py:batch_decode", "trl/trainer/grpo_trainer.py:_calculate_rewards",

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from exgrpo_pl.callbacks.replay import ReplayCallback
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
@@ -28,7 +27,8 @@ from torch.utils.tensorboard.summary import image as image_summary
 from typing_extensions import override
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.difficulty import tier_of
+from exgrpo_pl.callbacks.replay import ReplayCallback
+from exgrpo_pl.experience.difficulty import tier_of
 from exgrpo_pl.validation import check_number
 
 _HEATMAP_TAG = "monitor/difficulty_entropy_heatmap"

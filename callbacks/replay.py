@@ -15,6 +15,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
 from exgrpo_pl.callbacks import replay_checks
 from exgrpo_pl.callbacks.collectives import (
     all_ranks,
@@ -24,15 +28,11 @@ from exgrpo_pl.callbacks.collectives import (
     union_across_ranks,
 )
 from exgrpo_pl.callbacks.rescoring import Rescoring
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_warn
-from typing_extensions import override
-
-from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule, StepChecker
-from exgrpo_pl.logging_steps import writes_step_metrics
-from exgrpo_pl.replay import SelectiveReplay
-from exgrpo_pl.strategies import needs_synced_generation, zero_stage
+from exgrpo_pl.experience.buffer import TrajectoryBuffer
+from exgrpo_pl.experience.replay import SelectiveReplay
+from exgrpo_pl.module.logging_steps import writes_step_metrics
+from exgrpo_pl.module.strategies import needs_synced_generation, zero_stage
 from exgrpo_pl.validation import check_number
 
 DISPLACED_QUESTIONS = ("discard", "defer")  # what becomes of the fresh questions a replay step displaces

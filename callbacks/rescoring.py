@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 
 import torch
-from exgrpo_pl.callbacks.collectives import max_across_ranks
 from lightning.pytorch import LightningModule, Trainer
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.callbacks.collectives import max_across_ranks
 
 
 class Rescoring:

@@ -26,20 +26,19 @@ import torch
 from torch.utils.data import DataLoader
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
-from exgrpo_pl.buffer import TrajectoryBuffer
 from exgrpo_pl.data import ArithmeticTask, collate_rows
-from exgrpo_pl.difficulty import DifficultyBucketer
-from exgrpo_pl.losses import (
+from exgrpo_pl.engines.generation import sample_completions
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
+from exgrpo_pl.models import load_policy, load_tokenizer
+from exgrpo_pl.rewards import ArithmeticReward
+from exgrpo_pl.step.losses import (
     LossNormaliser,
     compute_grpo_loss,
     compute_importance_weights,
     group_advantages,
     selective_log_softmax,
 )
-from exgrpo_pl.models import load_policy, load_tokenizer
-from exgrpo_pl.replay import SelectiveReplay
-from exgrpo_pl.rewards import ArithmeticReward
-from exgrpo_pl.rollout import completion_logits, compute_entropy, sample_completions
+from exgrpo_pl.step.rollout import completion_logits, compute_entropy
 
 MODEL = "embedded:tiny-arith"
 TEMPERATURE = 1.0

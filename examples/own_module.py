@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 
 import torch
-from exgrpo_pl.callbacks import ReplayCallback  # replay
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from exgrpo_pl.callbacks import ReplayCallback  # replay
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.mixin import ReplayMixin  # replay
 from exgrpo_pl.models import resolve_model_path
+from exgrpo_pl.module import ReplayMixin  # replay
 from exgrpo_pl.rewards import ArithmeticReward
 
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 
 import torch
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.mixin import ReplayMixin
 from exgrpo_pl.models import resolve_model_path
+from exgrpo_pl.module import ReplayMixin
 from exgrpo_pl.rewards import ArithmeticReward
 
 

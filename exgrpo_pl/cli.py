@@ -11,6 +11,8 @@ a checkpoint file, and warns listing each option whose value differs from the ch
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from lightning.pytorch import Trainer
@@ -18,10 +20,11 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
+from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.evaluation.report import to_markdown, write_report
-from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.module.grpo import ExGRPOModule
+from exgrpo_pl.moved import ModuleMovedError, moved_message, old_paths_in
 
 
 class ExGRPOCLI(LightningCLI):
@@ -39,7 +42,7 @@ class ExGRPOCLI(LightningCLI):
     Resuming, the run's own options stand: LightningCLI would replace the model's options, ones given on the
     command line too, with a checkpoint file's hyperparameters (not for `last`, which it cannot resolve
     before the trainer exists). `ExGRPOModule` warns, when it loads the checkpoint, listing each option whose
-    value differs from the checkpoint's (`exgrpo_pl.resume.changed_options`).
+    value differs from the checkpoint's (`exgrpo_pl.checkpoints.resume.changed_options`).
     """
 
     def _parse_ckpt_path(self) -> None:
@@ -48,6 +51,7 @@ class ExGRPOCLI(LightningCLI):
         return
 
     def parse_arguments(self, parser, args) -> None:
+        check_old_module_paths(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         # Before anything is built: loading an empty or truncated file later fails with a bare `torch.load`
         # error that names neither the file nor what is wrong with it.
@@ -135,6 +139,40 @@ def own_root_cause(err: BaseException) -> BaseException | None:
             return err
         err = err.__cause__ or err.__context__
     return None
+
+
+def check_old_module_paths(args) -> None:
+    """A `ModuleMovedError` before parsing when a config file or an argument names a module of the flat layout
+    (`exgrpo_pl.moved`), naming the file and line (or the argument), the old path and the new one.
+
+    jsonargparse reports the import error too, but only the first one, inside the dump of every type it tried
+    (as for `instantiate_classes`' errors). Config files are the arguments that name a .yaml, .yml or .json
+    file of at most 1 MiB; YAML comments are not read.
+    """
+    found = []
+    for source, text in _argument_texts(args):
+        for number, line in enumerate(text.splitlines(), 1):
+            where = f"{source}, line {number}" if source != "argument" else f"argument {line!r}"
+            code = "" if line.lstrip().startswith("#") else line.split(" #")[0]
+            found += [(f"{where}: {dotted}: {moved_message(old)}", old) for dotted, old in old_paths_in(code)]
+    if found:
+        lines = [f"  {line}" for line, _ in found]
+        raise ModuleMovedError(
+            found[0][1], "\n".join(["exgrpo_pl's modules moved into folders; update these paths:", *lines])
+        )
+
+
+def _argument_texts(args) -> Iterator[tuple[str, str]]:
+    """(source, text) of each argument: the contents of a config file it names, or the argument itself."""
+    for arg in map(str, args if isinstance(args, list | tuple) else [args]):  # a dict: its text
+        path = Path(arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg)
+        try:  # a config is small: a large data file (.json) is not read
+            is_config = (
+                path.suffix in (".yaml", ".yml", ".json") and path.is_file() and path.stat().st_size <= 2**20
+            )
+        except OSError:  # no such file, or not a path (a name too long, ...)
+            is_config = False
+        yield (str(path), path.read_text(errors="replace")) if is_config else ("argument", arg)
 
 
 def main(args=None) -> None:

@@ -37,7 +37,7 @@ BATCH_KEYS = {
 }
 RETURN_FIX = (
     'return {"loss": loss, "rollouts": rollouts} from training_step, rollouts being the RolloutBatch the '
-    "step trained on (ReplayMixin.replay_groups or exgrpo_pl.groups.sample_groups builds it)"
+    "step trained on (ReplayMixin.replay_groups or exgrpo_pl.step.groups.sample_groups builds it)"
 )
 
 
@@ -253,7 +253,7 @@ def check_rollouts(rollouts: RolloutBatch, num_generations: int, scored: bool = 
                 f"rollouts.{name} has {len(getattr(rollouts, name))} entries for {n} rows: the buffer "
                 "stores each fresh row's prompt and answer, and a mixed replay step samples new rollouts of "
                 "the stored prompt against the stored answer; give one entry per row "
-                "(exgrpo_pl.groups.fresh_rollouts does)"
+                "(exgrpo_pl.step.groups.fresh_rollouts does)"
             )
     k = num_generations
     if rollouts.group_size != k:
@@ -275,7 +275,7 @@ def check_rollouts(rollouts: RolloutBatch, num_generations: int, scored: bool = 
             raise ContractError(
                 "the fresh rows' behaviour_logps and entropy are all 0: fill them from the step's first "
                 "forward, before the update (ReplayMixin.record_behaviour or "
-                "exgrpo_pl.groups.record_behaviour); replay divides by these log-probs and selects "
+                "exgrpo_pl.step.groups.record_behaviour); replay divides by these log-probs and selects "
                 "trajectories by this entropy"
             )
 
@@ -307,8 +307,8 @@ def check_experience_used(experience: Experience, rollouts: RolloutBatch) -> Non
     if not len(got):
         raise ContractError(
             f"training_step ignored {where}: its rollouts have no replayed row. Read batch['experience'] "
-            "(ReplayMixin.replay_groups, exgrpo_pl.groups.sample_groups or plan_rollouts + assemble_groups "
-            f"do) and train on its rows; see {CONTRACT_DOC}"
+            "(ReplayMixin.replay_groups, exgrpo_pl.step.groups.sample_groups or plan_rollouts + "
+            f"assemble_groups do) and train on its rows; see {CONTRACT_DOC}"
         )
     if experience.mode == "swap" and generated:
         raise ContractError(

@@ -8,7 +8,7 @@ before a change underneath silently brings Lightning's own behaviour back.
 - `ModelCheckpointHooks`: `ModelCheckpoint`'s private save, "last" lookup, link and removal, routed to named
   hooks (`SafeModelCheckpoint` implements them), and the private helpers and attributes it reads.
 - `resumable_fit_progress`, `settle_resumed_step_count`: the fit loop's progress, in a checkpoint before
-  Lightning restores it and in the restored loop (`exgrpo_pl.resume` explains why).
+  Lightning restores it and in the restored loop (`exgrpo_pl.checkpoints.resume` explains why).
 - `training_batches`, `loader_states_pending`: how the fit loop sets its training data up.
 - `batches_that_stepped`, `should_update_logs`: Lightning's logging-step count.
 - `attached_trainer`: a LightningModule's trainer, or None where the public property raises.
@@ -134,7 +134,7 @@ _KEYS = ("ready", "started", "processed", "completed")
 
 def resumable_fit_progress(checkpoint: dict[str, Any]) -> str | None:
     """Rewrites, in place, the fit-loop progress of a checkpoint saved after a training batch into the form
-    Lightning resumes exactly from (see `exgrpo_pl.resume`); other checkpoints are left alone.
+    Lightning resumes exactly from (see `exgrpo_pl.checkpoints.resume`); other checkpoints are left alone.
 
     Args:
         checkpoint: a Lightning checkpoint dict, before Lightning restores its loops.

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from exgrpo_pl.batch import pad_sequences
-from exgrpo_pl.rollout import sample_completions
+from exgrpo_pl.engines.generation import sample_completions
 
 
 def encode_examples(

@@ -31,10 +31,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 # The monitor's pixels per heatmap cell and of the gap and colour bar right of it: where the tiers are.
 from exgrpo_pl.callbacks.monitor import HEATMAP_BAR, HEATMAP_CELL  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALARS = (

@@ -1,7 +1,7 @@
 """GPU smoke test: a tiny policy trained a few ExGRPO steps in bf16, plain and under DeepSpeed ZeRO-2/3.
 
 `plain` trains float32 weights with bf16 autocast (`bf16-mixed`: without DeepSpeed nothing keeps fp32 master
-weights of bf16 ones, `exgrpo_pl.strategies.check_strategy`); the DeepSpeed variants train bf16 weights
+weights of bf16 ones, `exgrpo_pl.module.strategies.check_strategy`); the DeepSpeed variants train bf16 weights
 (`bf16-true`, DeepSpeed's fp32 master weights). Each variant runs in its own process (a clean CUDA context,
 process group and peak-memory counter) and prints one line: mean step time, tokens/s (prompt + completion
 tokens trained on) and peak GPU memory (`torch.cuda.max_memory_allocated`); its result file also has the
@@ -27,16 +27,14 @@ import time
 from pathlib import Path
 
 import torch
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.replay import SelectiveReplay
-from exgrpo_pl.strategies import check_strategy, needs_synced_generation
+from exgrpo_pl.module.strategies import check_strategy, needs_synced_generation
 
 VARIANTS = ("plain", "zero2", "zero3", "resume")
 STRATEGIES = {

@@ -3,6 +3,7 @@ and the tiny GRPO module most Trainer tests train; the verl-layout sample file a
 it; `is_gone` for tests of worker processes; a CPU stand-in for Lightning's DeepSpeed strategy."""
 
 import os
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -15,6 +16,13 @@ from exgrpo_pl.data import ARITHMETIC_ALPHABET
 from exgrpo_pl.models import build_char_tokenizer, tiny_llama_config
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.rewards import FormatReward
+
+# Test files import each other's helpers by file name (`from test_buffer import group`, every test file's name
+# being unique under tests/): tests/ is on sys.path (this file's folder), and so are the folders that mirror
+# the package's subpackages, whichever test file pytest collects first.
+for _folder in ("checkpoints", "experience", "module", "step"):
+    if str(Path(__file__).parent / _folder) not in sys.path:
+        sys.path.append(str(Path(__file__).parent / _folder))
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.cli import ExGRPOCLI, main
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.moved import ModuleMovedError
 
 
 @pytest.fixture
@@ -109,7 +110,7 @@ def test_quickstart_stopped_at_40_steps_saves_its_checkpoint(tmp_path):
 def test_a_resumed_run_keeps_its_own_options_and_lists_those_that_differ_from_the_checkpoint(
     tiny_args, tmp_path, ckpt, recwarn
 ):
-    """(A resume with the same options warns about none: tests/test_resume.py.)"""
+    """(A resume with the same options warns about none: tests/checkpoints/test_resume.py.)"""
     _cli(tiny_args, "--trainer.max_steps=2", "--model.learning_rate=1e-3", run=True)
     (saved,) = tmp_path.glob("lightning_logs/version_0/checkpoints/epoch=*.ckpt")
     path = str(saved) if ckpt == "file" else "last"
@@ -142,3 +143,32 @@ def test_an_invalid_callback_option_is_the_error_alone(tiny_args, option, messag
     with pytest.raises(ValueError, match=message) as raised:
         main(["fit", *tiny_args, callback])
     assert raised.value.__cause__ is None and raised.value.__suppress_context__  # no union dump above it
+
+
+def test_a_config_with_an_old_module_path_stops_before_anything_is_built(tiny_args, tmp_path):
+    """A config of the flat layout: one error lists each old path with its file and line (or argument) and
+    the new path, before parsing; jsonargparse would bury the first one in its dump of the types it tried."""
+    config = tmp_path / "old.yaml"
+    config.write_text(
+        "# exgrpo_pl.strategies.check_strategy completes DeepSpeed's config (a comment: not read)\n"
+        "trainer:\n"
+        "  callbacks:\n"
+        "    - class_path: exgrpo_pl.callbacks.ReplayCallback\n"
+        "      init_args:\n"
+        "        buffer: {class_path: exgrpo_pl.buffer.TrajectoryBuffer}  # exgrpo_pl.update: not read\n"
+        "    - class_path: exgrpo_pl.checkpointing.SafeModelCheckpoint\n"
+    )
+    plugin = "--trainer.plugins=exgrpo_pl.checkpointing.AtomicCheckpointIO"
+    with pytest.raises(ModuleMovedError) as raised:
+        main(["fit", "--config", str(config), *tiny_args, plugin])
+    checkpoints = "AtomicCheckpointIO and SafeModelCheckpoint import from exgrpo_pl.checkpoints"
+    assert str(raised.value).splitlines() == [
+        "exgrpo_pl's modules moved into folders; update these paths:",
+        f"  {config}, line 6: exgrpo_pl.buffer.TrajectoryBuffer: exgrpo_pl.buffer moved to "
+        "exgrpo_pl.experience.buffer; TrajectoryBuffer imports from exgrpo_pl.experience",
+        f"  {config}, line 7: exgrpo_pl.checkpointing.SafeModelCheckpoint: exgrpo_pl.checkpointing moved to "
+        f"exgrpo_pl.checkpoints.saving; {checkpoints}",
+        f"  argument {plugin!r}: exgrpo_pl.checkpointing.AtomicCheckpointIO: exgrpo_pl.checkpointing moved "
+        f"to exgrpo_pl.checkpoints.saving; {checkpoints}",
+    ]
+    assert not (tmp_path / "lightning_logs").exists()

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from exgrpo_pl.callbacks import ReplayCallback
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.cli import ExGRPOCLI
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule

@@ -18,7 +18,7 @@ from exgrpo_pl.contract import (
     check_rollouts,
     check_step_output,
 )
-from exgrpo_pl.groups import assemble_groups, plan_rollouts
+from exgrpo_pl.step.groups import assemble_groups, plan_rollouts
 
 K = 3
 
@@ -153,7 +153,7 @@ FIX = r'return \{"loss": loss, "rollouts": rollouts\} from training_step'
 def test_a_step_that_does_not_return_its_rollouts_is_told_what_to_return(outputs, message):
     with pytest.raises(ContractError, match=message) as error:
         check_step_output(outputs)
-    assert "ReplayMixin.replay_groups or exgrpo_pl.groups.sample_groups" in str(error.value)
+    assert "ReplayMixin.replay_groups or exgrpo_pl.step.groups.sample_groups" in str(error.value)
 
 
 def test_the_returned_rollouts_come_back():

@@ -1,4 +1,5 @@
-"""Imports run one way: exgrpo_pl's modules import each other without a cycle.
+"""Imports run one way: exgrpo_pl's modules import each other without a cycle, and each part of the package
+(a top-level module or a folder) imports only the parts below it in `LAYERS`.
 
 The graph is read from the source (no import runs): every `import exgrpo_pl.x` and `from exgrpo_pl.x import
 y` in the files under exgrpo_pl/ and callbacks/ (installed as `exgrpo_pl.callbacks`), at the top level or
@@ -18,6 +19,22 @@ import pytest
 ROOT = Path(__file__).parents[1]
 # source folder -> the package its files are installed under
 SOURCES = {ROOT / "exgrpo_pl": "exgrpo_pl", ROOT / "callbacks": "exgrpo_pl.callbacks"}
+# The package's parts, bottom to top: a module may import its own part and the parts before it, never one
+# after it. The top-level exgrpo_pl/__init__.py is the facade over all of them, and exempt.
+LAYERS = [
+    # the shared basics, at the top level
+    "batch", "ragged", "seeding", "validation", "contract", "models", "lightning_internals", "moved",
+    "rewards",  # verifiers
+    "engines",  # what samples the completions
+    "data",  # prompt data, the synthetic tasks
+    "evaluation",  # the paper's metrics and table
+    "experience",  # the replay memory
+    "step",  # one training step
+    "checkpoints",  # kill-proof checkpoints, exact resume
+    "module",  # the LightningModule, ReplayMixin
+    "callbacks",  # ReplayCallback, DifficultyMonitor
+    "cli",  # the `exgrpo` command
+]  # fmt: skip
 
 
 def module_files() -> dict[str, Path]:
@@ -116,11 +133,53 @@ def shortest_cycle(graph: dict[str, set[str]], component: set[str]) -> list[str]
     raise AssertionError(f"{sorted(component)} is not strongly connected")
 
 
+def part_of(module: str) -> str:
+    """The part of the package a module is in: `exgrpo_pl.step.losses` -> "step", `exgrpo_pl.cli` -> "cli"."""
+    return module.split(".")[1]
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[str]) -> list[str]:
+    """Each import of a part above the importer's own in `layers`, as "importer -> imported (part > part)"."""
+    rank = {part: i for i, part in enumerate(layers)}
+    return [
+        f"{module} -> {target} ({part_of(target)} is above {part_of(module)})"
+        for module in sorted(graph)
+        if module != "exgrpo_pl"  # the facade
+        for target in sorted(graph[module])
+        if rank[part_of(target)] > rank[part_of(module)]
+    ]
+
+
 def test_the_graph_sees_every_module_and_known_edges():
     graph = import_graph()
     assert "exgrpo_pl.callbacks.replay" in graph and "exgrpo_pl.engines.hf" in graph
-    assert "exgrpo_pl.buffer" in graph["exgrpo_pl.replay"]  # a top-level `from exgrpo_pl.x import y`
-    assert "exgrpo_pl.buffer" in graph["exgrpo_pl"]  # the package's __init__
+    # a top-level `from exgrpo_pl.x import y`
+    assert "exgrpo_pl.experience.buffer" in graph["exgrpo_pl.experience.replay"]
+    assert "exgrpo_pl.experience.buffer" in graph["exgrpo_pl"]  # the package's __init__
+    assert "exgrpo_pl.engines.generation" in graph["exgrpo_pl.step.rollout"]  # a folder below
+    assert {"exgrpo_pl.step.update", "exgrpo_pl.checkpoints.resume"} <= graph["exgrpo_pl.module.grpo"]
+    assert "exgrpo_pl.module.logging_steps" in graph["exgrpo_pl.callbacks.replay"]
+    assert "exgrpo_pl.moved" in graph["exgrpo_pl.cli"]
+
+
+def test_upward_imports_are_named():
+    layers = ["base", "low", "high"]
+    graph = {
+        "exgrpo_pl": {"exgrpo_pl.high"},
+        "exgrpo_pl.base": set(),
+        "exgrpo_pl.low.a": {"exgrpo_pl.base", "exgrpo_pl.low.b", "exgrpo_pl.high"},
+        "exgrpo_pl.low.b": set(),
+        "exgrpo_pl.high": {"exgrpo_pl.low.a"},
+    }
+    assert upward_imports(graph, layers) == ["exgrpo_pl.low.a -> exgrpo_pl.high (high is above low)"]
+
+
+def test_every_part_has_a_layer_and_imports_only_lower_ones():
+    graph = import_graph()
+    parts = {part_of(module) for module in graph if module != "exgrpo_pl"}
+    assert parts == set(LAYERS), "a part without a layer (add it to LAYERS), or a layer without a part"
+    upward = upward_imports(graph, LAYERS)
+    assert not upward, f"imports against the layers ({' < '.join(LAYERS)}): " + "; ".join(upward)
 
 
 @pytest.mark.parametrize(

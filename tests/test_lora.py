@@ -10,7 +10,7 @@ from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.models import load_policy
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.rewards import FormatReward
-from exgrpo_pl.rollout import completion_logps
+from exgrpo_pl.step.rollout import completion_logps
 
 pytest.importorskip("peft")
 

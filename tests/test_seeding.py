@@ -4,13 +4,13 @@ differ in data order and replay draws while the same seed reproduces the run exa
 import pytest
 import torch
 from conftest import tiny_module
-from exgrpo_pl.callbacks import ReplayCallback
 from hypothesis import given
 from hypothesis import strategies as st
 from lightning.pytorch import Callback, Trainer, seed_everything
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import SelectiveReplay
 from exgrpo_pl.seeding import derive_seed, run_seed, split_seed
 
 

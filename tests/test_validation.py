@@ -6,15 +6,13 @@ import math
 import re
 
 import pytest
-from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule, ReasoningTask
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.replay import SelectiveReplay
 from exgrpo_pl.rewards import MathVerifyReward
 from exgrpo_pl.validation import FLOAT32_MAX, check_number
 

@@ -1,4 +1,9 @@
-"""Prompt data: the Lightning datamodule, file loading and the synthetic arithmetic and reasoning tasks."""
+"""Prompt data: the Lightning datamodule, file loading and the synthetic arithmetic and reasoning tasks.
+
+Layer: above the shared basics (`batch`, `seeding`, `validation`) and the rewards (a boxed answer's
+extraction, the reasoning task's parser), which it imports, and the engines, which it does not need; below
+the replay memory, the training step, the module and the callbacks, none of which it imports.
+"""
 
 from exgrpo_pl.data.datamodule import ExcludingRandomSampler, PromptDataModule, collate_rows
 from exgrpo_pl.data.eval_sets import EvalSet

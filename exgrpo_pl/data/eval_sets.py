@@ -5,7 +5,7 @@ rows. A file is read with the data module's column options unless the set gives 
 rows are counted, never dropped: an evaluation file repeats a problem once per sample (the paper's test file
 holds each AIME and AMC problem 32 times), so each problem is sampled as often as it appears, or
 `num_samples` times when the set says so. The module scores every set on its own and logs
-`val/<set>/<metric>` (see `exgrpo_pl.module_evaluation`).
+`val/<set>/<metric>` (see `exgrpo_pl.module.evaluation`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """Rollout engines: what samples the completions of a training step (see `exgrpo_pl.engines.base`):
 `build_engine("hf", policy).generate(prompt_ids, prompt_mask, SamplingConfig(...))` returns them.
+
+`hf` samples with `model.generate` (through `generation`, which also derives the positions of padded rows,
+as scoring does), `static` with a preallocated KV cache (`static_cache`).
+
+Layer: above the shared basics and the rewards, and importing nothing else of exgrpo_pl, in particular
+nothing of the training step (`exgrpo_pl.step`) or the module, which build and call the engines. No Lightning.
 """
 
 from __future__ import annotations

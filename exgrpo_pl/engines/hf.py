@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from exgrpo_pl.engines.base import Completions, SamplingConfig, generation_mode
-from exgrpo_pl.rollout import sample_completions
+from exgrpo_pl.engines.generation import sample_completions
 
 
 class HFEngine:

@@ -25,8 +25,8 @@ import transformers
 from torch import Tensor
 
 from exgrpo_pl.engines.base import Completions, SamplingConfig, generation_mode
+from exgrpo_pl.engines.generation import position_ids_from_mask
 from exgrpo_pl.engines.static_cache import Bucket, bucket_size, check_buckets, kv_numel, meta_cache, place
-from exgrpo_pl.rollout import position_ids_from_mask
 
 ATTENTION_BACKENDS = ("sdpa", "eager")
 """Attention implementations the engine accepts: those its tests compare token for token with `hf`."""

@@ -3,7 +3,7 @@ maj@k, greedy pass@1, completion length and the share cut at the length limit (`
 one table (`report`).
 
 Plain PyTorch/Python: imports nothing above `exgrpo_pl.batch`; the module's validation and test steps
-(`exgrpo_pl.module_evaluation`) feed it.
+(`exgrpo_pl.module.evaluation`) feed it.
 """
 
 from exgrpo_pl.evaluation.metrics import ProblemSamples, avg_at_k, majority_correct, pass_at_k, summarize

@@ -1,4 +1,8 @@
-"""Reward functions (verifiers) and the TRL-compatible protocol they follow. Core package: no Lightning."""
+"""Reward functions (verifiers) and the TRL-compatible protocol they follow. Core package: no Lightning.
+
+Layer: just above the shared basics (`exgrpo_pl.validation`), the only other part it imports; the prompt data
+(`exgrpo_pl.data`) and the training step (`exgrpo_pl.step.collect` scores rollouts with it) sit above it.
+"""
 
 from exgrpo_pl.rewards.arithmetic import ArithmeticReward
 from exgrpo_pl.rewards.base import (

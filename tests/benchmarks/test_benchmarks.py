@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from exgrpo_pl.buffer import STRATEGIES
+from exgrpo_pl.experience.buffer import STRATEGIES
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 pytestmark = pytest.mark.slow

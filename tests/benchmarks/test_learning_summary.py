@@ -9,9 +9,9 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import learning  # noqa: E402
-from exgrpo_pl.callbacks import ReplayCallback
 from learning import ROOT, VARIANTS, markdown_table, presets_table, summarise  # noqa: E402
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.cli import ExGRPOCLI
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule

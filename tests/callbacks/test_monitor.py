@@ -8,15 +8,15 @@ import sys
 import numpy as np
 import pytest
 from conftest import tiny_module
-from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
-from exgrpo_pl.callbacks.monitor import heatmap_image
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
+from exgrpo_pl.callbacks.monitor import heatmap_image
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import SelectiveReplay
 
 HISTOGRAMS = {"monitor/correctness_rate", "monitor/entropy", "monitor/staleness"}
 NO_TENSORBOARD = "histograms, images and text need a TensorBoardLogger"
@@ -197,9 +197,10 @@ def test_heatmap_is_drawn_without_matplotlib_with_its_axes_described(
 
 def test_an_image_with_a_description_reaches_the_event_file(tmp_path):
     """`_add_image` writes through torch's private `SummaryWriter._get_file_writer()`, keeping the text."""
-    from exgrpo_pl.callbacks.monitor import _add_image
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
+
+    from exgrpo_pl.callbacks.monitor import _add_image
 
     writer = SummaryWriter(tmp_path)
     _add_image(writer, "buckets", np.zeros((2, 3, 3), dtype=np.uint8), 7, "questions per bucket")

@@ -5,18 +5,16 @@ import warnings
 import pytest
 import torch
 from conftest import tiny_module
-from exgrpo_pl.callbacks import ReplayCallback
-from exgrpo_pl.callbacks import replay as replay_callback
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from test_buffer import group
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.callbacks import replay as replay_callback
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.difficulty import DifficultyBucketer
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
 
 class RecordRollouts(Callback):

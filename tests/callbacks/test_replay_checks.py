@@ -4,15 +4,14 @@ end, and a resume with other replay options lists them."""
 
 import pytest
 from conftest import tiny_module
-from exgrpo_pl.callbacks import ReplayCallback
-from exgrpo_pl.callbacks.replay_checks import defaults, options, warn_changed
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from test_replay_callback import fit, uniform_replay
 
-from exgrpo_pl.buffer import TrajectoryBuffer
+from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.callbacks.replay_checks import defaults, options, warn_changed
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer, TrajectoryBuffer
 from exgrpo_pl.rewards import FormatReward
 
 

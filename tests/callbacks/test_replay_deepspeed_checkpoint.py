@@ -18,17 +18,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import CPUDeepSpeedStrategy, tiny_module
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from test_buffer import assert_same, filled_buffer
 
-from exgrpo_pl.buffer import TrajectoryBuffer
-from exgrpo_pl.checkpointing import COMPLETE_MARKER, SafeModelCheckpoint, newest_complete_checkpoint
+from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.checkpoints.saving import COMPLETE_MARKER, SafeModelCheckpoint, newest_complete_checkpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.difficulty import DifficultyBucketer
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
 deepspeed = pytest.importorskip("deepspeed", reason="needs deepspeed (pip install -e '.[deepspeed]')")
 from deepspeed.accelerator import get_accelerator  # noqa: E402

@@ -4,17 +4,15 @@ bounded demand and retirement, in swap mode, logged, and resumed bitwise; the op
 
 import pytest
 from conftest import tiny_module
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger
 from test_resume import Run, assert_same, final_state, logged
 from torch.utils.data import DataLoader
 
-from exgrpo_pl.buffer import TrajectoryBuffer
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule, collate_rows
-from exgrpo_pl.difficulty import DifficultyBucketer
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
 ROWS, BATCH, K = 12, 4, 4  # 3 steps an epoch
 

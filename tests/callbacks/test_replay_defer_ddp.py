@@ -9,16 +9,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import tiny_module
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 from test_replay_defer import K, RecordSteps, check_deferred
 from test_resume import assert_same
 
-from exgrpo_pl.buffer import TrajectoryBuffer
-from exgrpo_pl.checkpointing import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.difficulty import DifficultyBucketer
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
 pytestmark = pytest.mark.multiprocess
 

@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DistributedSampler
 
-from exgrpo_pl.checkpointing import SafeModelCheckpoint
+from exgrpo_pl.checkpoints import SafeModelCheckpoint
+from exgrpo_pl.checkpoints.resume import resumable_fit_progress, settle_resumed_step_count
 from exgrpo_pl.data import ArithmeticTask, ExcludingRandomSampler, PromptDataModule
-from exgrpo_pl.resume import resumable_fit_progress, settle_resumed_step_count
 
 
 def make_dm(**kwargs):

@@ -20,11 +20,12 @@ from exgrpo_pl.data import (
     ReasoningTask,
     write_derivation,
 )
+from exgrpo_pl.engines.generation import sample_completions
 from exgrpo_pl.models import load_policy, load_tokenizer
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.rewards import ReasoningReward
 from exgrpo_pl.rewards.reasoning import parse_terms
-from exgrpo_pl.rollout import completion_logps, sample_completions
+from exgrpo_pl.step.rollout import completion_logps
 
 ROWS = ReasoningTask().rows()
 

@@ -10,9 +10,9 @@ import lightning as L
 import pytest
 import torch
 
+from exgrpo_pl.checkpoints.resume import resumable_fit_progress, settle_resumed_step_count
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.data.stream import PassStream
-from exgrpo_pl.resume import resumable_fit_progress, settle_resumed_step_count
 
 QUESTIONS = list(range(100, 112))  # question ids; dataset index i holds question 100 + i
 

@@ -8,10 +8,11 @@ from hypothesis import strategies as st
 
 from exgrpo_pl.data import ArithmeticTask
 from exgrpo_pl.engines import ENGINES, HFEngine, SamplingConfig, StaticCacheEngine, build_engine
+from exgrpo_pl.engines.generation import completion_mask_from_ids
 from exgrpo_pl.engines.static import _nucleus, _pick
 from exgrpo_pl.engines.static_cache import Bucket, bucket_size, kv_numel, meta_cache, place
 from exgrpo_pl.models import load_policy, load_tokenizer
-from exgrpo_pl.rollout import completion_logps, completion_mask_from_ids
+from exgrpo_pl.step.rollout import completion_logps
 
 EOS, PAD = 2, 0
 

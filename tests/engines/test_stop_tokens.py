@@ -7,6 +7,7 @@ from conftest import tiny_module
 from transformers import GenerationConfig, LlamaForCausalLM
 
 from exgrpo_pl.data import ARITHMETIC_ALPHABET
+from exgrpo_pl.engines.generation import completion_mask_from_ids
 from exgrpo_pl.models import (
     build_char_tokenizer,
     completion_stop_ids,
@@ -14,7 +15,6 @@ from exgrpo_pl.models import (
     load_tokenizer,
     tiny_llama_config,
 )
-from exgrpo_pl.rollout import completion_mask_from_ids
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

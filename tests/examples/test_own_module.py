@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.contract import ContractError
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule, collate_rows
-from exgrpo_pl.losses import compute_importance_weights
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import SelectiveReplay
 from exgrpo_pl.rewards import FormatReward
+from exgrpo_pl.step.losses import compute_importance_weights
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_module.py"
 spec = importlib.util.spec_from_file_location("own_module_example", EXAMPLE)

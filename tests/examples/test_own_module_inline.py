@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import SelectiveReplay
 from exgrpo_pl.rewards import FormatReward
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

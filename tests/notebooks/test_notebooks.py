@@ -30,8 +30,8 @@ def make_tiny_run(root: Path, steps: int = 10) -> Path:
     are stored, then mixes experience into every step.
     """
     import torch
-    from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
 
+    from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
     from exgrpo_pl.cli import ExGRPOCLI
     from exgrpo_pl.data import PromptDataModule
     from exgrpo_pl.module import ExGRPOModule

@@ -18,7 +18,7 @@ import torch
 from conftest import is_gone
 from worker_rewards import backtracking, missing_column, nan_scores, ones
 
-from exgrpo_pl.difficulty import DifficultyBucketer
+from exgrpo_pl.experience import DifficultyBucketer
 from exgrpo_pl.rewards import (
     ArithmeticReward,
     ExactMatchReward,

@@ -14,11 +14,11 @@ import json
 import pytest
 import torch
 from conftest import tiny_module
-from exgrpo_pl.callbacks import ReplayCallback
 from lightning.pytorch import Callback, Trainer, seed_everything
 
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.data import PromptDataModule
-from exgrpo_pl.replay import SelectiveReplay
+from exgrpo_pl.experience import SelectiveReplay
 
 trl = pytest.importorskip("trl.rewards")
 pytest.importorskip("math_verify")  # accuracy_reward's verifier (the `math` extra)

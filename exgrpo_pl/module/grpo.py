@@ -1,0 +1,326 @@
+"""ExGRPOModule: a complete GRPO trainer as a LightningModule, ready for ExGRPO's replay callback.
+
+Alone it trains plain GRPO: K rollouts per prompt, verifiable rewards, group advantages, a clipped policy
+gradient step. With `exgrpo_pl.callbacks.ReplayCallback` it trains ExGRPO: the callback puts replayed
+experience into the batch and the module mixes it in (`exgrpo_pl.step.groups`). A step reads top to bottom in
+`training_step`: plan the rollouts (`exgrpo_pl.step.plan`), sample them with a rollout engine
+(`exgrpo_pl.engines`) and score them (`RolloutCollector`, `exgrpo_pl.step.collect`), assemble the groups
+(`exgrpo_pl.step.assembly`), update the policy (`PolicyUpdate`, `exgrpo_pl.step.update`). Its options are
+checked in `exgrpo_pl.module.options`, its validation and test in `exgrpo_pl.module.evaluation`
+(`PassRateEvaluation`), its checkpoint and resume hooks in `exgrpo_pl.module.resumable` (`ResumableModule`).
+
+    exgrpo fit --config configs/quickstart.yaml
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from copy import deepcopy
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
+from torchmetrics import MeanMetric
+from transformers import get_scheduler
+from typing_extensions import override
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.checkpoints.resume import estimated_stepping_batches
+from exgrpo_pl.data import PromptDataModule
+from exgrpo_pl.engines import SamplingConfig, build_engine
+from exgrpo_pl.lightning_internals import attached_trainer
+from exgrpo_pl.models import completion_stop_ids, load_policy, load_tokenizer, lora_config
+from exgrpo_pl.module.evaluation import PassRateEvaluation
+from exgrpo_pl.module.logging_steps import step_metrics, writes_step_metrics
+from exgrpo_pl.module.mixin import ReplayMixin
+from exgrpo_pl.module.options import check_options
+from exgrpo_pl.module.resumable import ResumableModule
+from exgrpo_pl.module.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
+from exgrpo_pl.rewards import ArithmeticReward
+from exgrpo_pl.step.collect import RolloutCollector
+from exgrpo_pl.step.groups import RolloutPlan, assemble_groups, plan_rollouts
+from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS
+from exgrpo_pl.step.rollout_memory import check_rollout_memory
+from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate
+
+
+class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModule, LightningModule):
+    """GRPO with manual optimization; ExGRPO when a `ReplayCallback` is attached.
+
+    Args:
+        model_name_or_path: local directory or hub id of a causal LM, or `embedded:tiny-arith`.
+        reward_funcs: reward functions, TRL's protocol `fn(prompts, completions, **columns) -> list[float]`.
+            Defaults to the synthetic task's exact verifier.
+        reward_weights: one weight per reward function (default 1.0 each).
+        reward_timeout_seconds: seconds one reward function may take per batch before the run stops with
+            an error naming it (`exgrpo_pl.rewards.RewardTimeoutError`); None: no limit.
+        num_generations: K, rollouts per prompt (>= 2: a group of one has no advantage).
+        max_prompt_length: longest prompt in tokens; longer prompts are an error (found before training)
+            unless `truncate_prompts`.
+        truncate_prompts: keep the last `max_prompt_length` tokens of a long prompt instead of failing.
+        max_completion_length: generation budget in tokens.
+        temperature: sampling temperature (> 0).
+        top_p: nucleus sampling mass in (0, 1].
+        rollout_engine: what samples rollouts: "hf" (`model.generate`, runs everywhere) or "static" (a
+            compiled static-cache decoder, much faster on a GPU), see `exgrpo_pl.engines`.
+        rollout_engine_options: keyword arguments of the engine's class.
+        loss_type: "grpo" (per-sequence mean), "dr_grpo" (constant normaliser), "dapo" (token mean).
+        scale_rewards: divide advantages by the "group" std, the "batch" std, or "none".
+        epsilon: lower clipping range of the ratio.
+        epsilon_high: upper clipping range (DAPO's clip-higher); defaults to `epsilon`.
+        num_iterations: optimizer updates per generated batch (old log-probs are kept from the first).
+        beta: weight of the KL to a frozen reference; 0 builds no reference model.
+        entropy_coef: weight of the entropy bonus (the paper uses 0.001).
+        mask_truncated_completions: leave completions that hit the budget without EOS out of the loss.
+        learning_rate: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        warmup_steps: linear warm-up steps of the schedule.
+        lr_scheduler_type: a transformers schedule name ("constant_with_warmup", "cosine", "linear", ...).
+        max_grad_norm: gradient clipping by total norm; 0 disables it.
+        max_nonfinite_steps: an update whose loss or gradient norm is NaN or infinite is skipped (the weights
+            stay as they were, `train/nonfinite_steps` counts it); this many in a row stop the run. Under
+            DeepSpeed, a step it skips counts too; under fp16 loss scaling a gradient overflow is left to the
+            scaler (counted, not towards the limit).
+        micro_batch_size: rollouts per forward/backward (bounds activation memory); None = all at once.
+            Rescoring stored trajectories runs forwards of this many rows too (K when None).
+        logit_chunk_elements: logits per float32 chunk of the log-prob and entropy work (training, reference
+            and rescoring forwards): bounds its memory beyond the model's own logits.
+        correct_threshold: a rollout is correct when its reward exceeds this.
+        off_policy_correction: weight of replayed tokens: "shaping" (w / (w + shaping_beta)),
+            "truncate" (min(w, is_truncation)) or "none" (w).
+        shaping_beta: beta of policy shaping (paper: 0.1).
+        is_truncation: cap of truncated importance sampling.
+        val_temperature: sampling temperature of validation pass@1; None = `temperature`, 0 = greedy.
+        val_num_generations: completions sampled per validation prompt; pass@1 is their mean correctness. A
+            named evaluation set samples its own `num_samples` (or its file's repeats) instead.
+        val_greedy: also sample one greedy completion of each problem of a named evaluation set, for its
+            greedy pass@1.
+        validate_at_start: measure validation pass@1 once before the first update (logged at step 0).
+        chat_template: wrap each prompt as a user message with the tokenizer's chat template.
+        stop_token_ids: token ids that end a completion besides the tokenizer's EOS, the generation config's
+            `eos_token_id` and (with `chat_template`) the template's end-of-turn token, which always do.
+        dtype: parameter dtype of the policy ("float32", "bfloat16", "float16").
+        attn_implementation: attention kernel passed to `from_pretrained`.
+        gradient_checkpointing: recompute activations in backward to save memory.
+        lora: train a LoRA adapter instead of all weights: keyword arguments of `peft.LoraConfig`, e.g.
+            `{r: 16, lora_alpha: 32, target_modules: all-linear}` (needs the `peft` extra). The KL reference
+            is then the base model with the adapter switched off, so no second copy is built.
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str = "embedded:tiny-arith",
+        reward_funcs: list[Callable] | None = None,
+        reward_weights: list[float] | None = None,
+        reward_timeout_seconds: float | None = 600.0,
+        num_generations: int = 8,
+        max_prompt_length: int = 512,
+        truncate_prompts: bool = False,
+        max_completion_length: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        rollout_engine: str = "hf",
+        rollout_engine_options: dict | None = None,
+        loss_type: str = "dapo",
+        scale_rewards: str = "group",
+        epsilon: float = 0.2,
+        epsilon_high: float | None = None,
+        num_iterations: int = 1,
+        beta: float = 0.0,
+        entropy_coef: float = 0.0,
+        mask_truncated_completions: bool = False,
+        learning_rate: float = 1e-6,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        lr_scheduler_type: str = "constant_with_warmup",
+        max_grad_norm: float = 1.0,
+        max_nonfinite_steps: int = 3,
+        micro_batch_size: int | None = None,
+        logit_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+        correct_threshold: float = 0.5,
+        off_policy_correction: str = "shaping",
+        shaping_beta: float = 0.1,
+        is_truncation: float = 2.0,
+        val_temperature: float | None = None,
+        val_num_generations: int = 1,
+        val_greedy: bool = False,
+        validate_at_start: bool = False,
+        chat_template: bool = False,
+        stop_token_ids: list[int] | None = None,
+        dtype: str = "float32",
+        attn_implementation: str | None = None,
+        gradient_checkpointing: bool = False,
+        lora: dict | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["reward_funcs"])
+        check_options(self.hparams)
+        self.automatic_optimization = False
+        self.num_generations = num_generations
+        reward_funcs = list(reward_funcs) if reward_funcs else [ArithmeticReward()]
+        if reward_weights is not None and len(reward_weights) != len(reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(reward_weights)} entries for {len(reward_funcs)} reward_funcs"
+            )
+        self.tokenizer = load_tokenizer(model_name_or_path)
+        if chat_template and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(
+                f"chat_template=True but the tokenizer of {model_name_or_path!r} has no chat template"
+            )
+        self.collector = RolloutCollector(
+            self.tokenizer, reward_funcs, reward_weights,
+            max_prompt_length=max_prompt_length, truncate_prompts=truncate_prompts,
+            chat_template=chat_template, correct_threshold=correct_threshold,
+            reward_timeout_seconds=reward_timeout_seconds,
+        )  # fmt: skip
+        self.lora_config = lora_config(lora) if lora else None
+        self.eos_token_ids = completion_stop_ids(
+            self.tokenizer, model_name_or_path, stop_token_ids or (), chat_template
+        )
+        self.policy = self.reference = self.engine = None
+        # pass@1 sums in float32 whatever the precision: `bf16-true` converts the module with `.to(dtype)`,
+        # metric states included, and a bf16 sum stops counting at 256 (on_validation_start resets the dtype).
+        self.val_pass_at_1 = MeanMetric()
+        self.test_pass_at_1 = MeanMetric()
+        self.num_tokens = 0  # prompt + completion tokens trained on (TRL's num_tokens)
+        self.generated_tokens = 0  # completion tokens sampled; replay saves these, so budgets compare on it
+        self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
+        # The last training step's seconds per phase ("timing/*") and per-function reward means, as floats:
+        # logged on logging steps, readable on every step.
+        self.last_step_metrics: dict[str, float] = {}
+
+    # ----------------------------------------------------------------------------------------- setup
+    def setup(self, stage: str) -> None:
+        """Before any training or evaluation: reject a conflicting strategy config, and prompts the tokenizer
+        cannot encode or that are longer than allowed."""
+        check_strategy(self.trainer, self, self.trainer.datamodule)
+        data = self.trainer.datamodule  # set up before the module (Lightning's order)
+        if not isinstance(data, PromptDataModule):
+            return
+        if stage == "fit":
+            check_rollout_memory(self.hparams, data.hparams.batch_size, self.trainer.strategy.root_device)
+            self.collector.check_prompts(data.train_rows, "training data", data.locate)
+        self.collector.check_prompts(data.val_rows, "validation data", data.locate)
+        for name, rows in data.eval_rows.items():
+            self.collector.check_prompts(rows, f"evaluation set {name!r}", data.locate)
+
+    def configure_model(self) -> None:
+        """Build the policy (and the frozen reference when beta > 0) once, inside the strategy's context."""
+        if self.policy is not None:
+            return
+        hp = self.hparams
+        # Under ZeRO-3 transformers must know the model is partitioned while it loads the checkpoint; it
+        # learns that from a live HfDeepSpeedConfig, kept as long as the model.
+        trainer = attached_trainer(self)
+        self._hf_deepspeed = hf_deepspeed_config(trainer) if trainer is not None else None
+        self.policy = load_policy(
+            hp.model_name_or_path, hp.dtype, hp.attn_implementation, hp.gradient_checkpointing
+        )
+        self.policy.train()  # from_pretrained returns eval mode; training forwards must run in train mode
+        if self.lora_config is not None:
+            from peft import get_peft_model
+
+            self.policy = get_peft_model(self.policy, self.lora_config)
+        elif hp.beta > 0:
+            self.reference = deepcopy(self.policy).eval().requires_grad_(False)
+        sharded = trainer is not None and needs_synced_generation(trainer)
+        self.engine = build_engine(hp.rollout_engine, self.policy, sharded, hp.rollout_engine_options)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
+        # Not trainer.estimated_stepping_batches: it would set the training loader up before a resumed run's
+        # checkpoint is restored, and the loader's saved position would never be loaded.
+        total = max(int(estimated_stepping_batches(self.trainer)) * hp.num_iterations, 1)
+        scheduler = get_scheduler(hp.lr_scheduler_type, optimizer, hp.warmup_steps, total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------------------------- the step
+    def training_step(self, batch: dict, batch_idx: int) -> dict:
+        started = time.perf_counter()
+        metrics = {"timing/generation": 0.0, "timing/reward": 0.0}
+        plan = plan_rollouts(batch, self.num_generations)
+        fresh = None
+        if plan.mode != "swap":
+            fresh, collected = self._collect(plan, self.hparams.temperature)
+            self.generated_tokens += int(collected.pop("generated_tokens"))
+            metrics.update(collected)
+        rollouts = assemble_groups(plan, fresh, self.hparams.scale_rewards).to(self.device)
+        update_started = time.perf_counter()
+        stats = self.update_policy(rollouts)
+        metrics["timing/forward_backward"] = time.perf_counter() - update_started
+        if math.isfinite(stats["loss"]):
+            self.num_tokens += int(rollouts.prompt_mask.sum() + rollouts.completion_mask.sum())
+        self.last_step_metrics = metrics
+        self._step_record = (rollouts, stats, metrics, time.perf_counter() - started)
+        # A skipped update never finished scoring its rows (behaviour log-probs, entropy): nothing to store.
+        return {"loss": stats["loss"], "rollouts": rollouts, "skipped": not math.isfinite(stats["loss"])}
+
+    def on_train_batch_end(self, outputs: dict, batch: dict, batch_idx: int) -> None:
+        # Logged here, not in training_step: this hook runs after every callback's, so a callback that stops
+        # the run on this step (EarlyStopping, a token budget) has set `should_stop`, which makes Lightning
+        # write this step; `writes_step_metrics` then says so.
+        self._log_step(*self._step_record)
+
+    def _collect(self, plan: RolloutPlan, temperature: float) -> tuple[RolloutBatch, dict[str, float]]:
+        return self.collector.collect(
+            self.engine, self._sampling(temperature), plan.prompts, plan.question_ids, plan.repeats,
+            plan.columns, policy_version=self.global_step, device=self.device,
+        )  # fmt: skip
+
+    def _sampling(self, temperature: float) -> SamplingConfig:
+        hp = self.hparams
+        return SamplingConfig(
+            hp.max_completion_length, temperature, hp.top_p, self.tokenizer.pad_token_id,
+            tuple(self.eos_token_ids),
+        )  # fmt: skip
+
+    @override
+    def on_fit_start(self) -> None:
+        """Warm the rollout engine up (compile, allocate) on the run's widest training and validation calls.
+
+        A compiling engine then does it here, timed, rather than inside the first step; prompt widths a run
+        meets below `max_prompt_length` may still add a shape later.
+        """
+        data = self.trainer.datamodule
+        if not isinstance(data, PromptDataModule):  # batch sizes unknown: the first calls compile
+            return
+        hp = self.hparams
+        val_temperature = hp.temperature if hp.val_temperature is None else hp.val_temperature
+        calls = [(data.hparams.batch_size * self.num_generations, hp.max_prompt_length, hp.temperature)]
+        if data.val_rows:
+            val_rows = (data.hparams.val_batch_size or data.hparams.batch_size) * hp.val_num_generations
+            calls.append((val_rows, hp.max_prompt_length, val_temperature))
+        started = time.perf_counter()
+        # On its own generator states: a resumed run has restored the global ones already, and the warm-up's
+        # sampling must not shift the rollouts that follow.
+        cuda = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            self.engine.warm_up([(rows, width, self._sampling(t)) for rows, width, t in calls])
+        seconds = time.perf_counter() - started
+        rank_zero_info(f"rollout engine {hp.rollout_engine!r} warmed up in {seconds:.1f} s")
+
+    # --------------------------------------------------------------------------------- logging
+    def _log_step(self, rollouts: RolloutBatch, stats: dict, timings: dict, step_time: float) -> None:
+        if self.trainer.progress_bar_callback is not None:  # each `self.log` costs about a millisecond
+            self.log("reward", rollouts.rewards.mean(), prog_bar=True, logger=False, batch_size=len(rollouts))
+            pass_rate = rollouts.correct.float().mean()
+            self.log("pass@1", pass_rate, prog_bar=True, logger=False, batch_size=len(rollouts))
+        if not writes_step_metrics(self.trainer):  # the full set only when a logger will see it
+            return
+        counters = {
+            "learning_rate": self.optimizers().param_groups[0]["lr"],
+            "num_tokens": self.num_tokens,
+            "generated_tokens": self.generated_tokens,
+            "step_time": step_time,
+        }
+        metrics = step_metrics(rollouts, self.eos_token_ids, {**stats, **counters}, timings)
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollouts))
+
+    # ------------------------------------------- resuming (ResumableModule), evaluation (PassRateEvaluation)
+    def on_train_start(self) -> None:
+        self._resume_on_train_start()
+        self._validate_at_start()

@@ -1,0 +1,58 @@
+"""ExGRPOModule's options that have a range or a set of choices, checked when the module is built, i.e.
+before any training starts.
+"""
+
+from __future__ import annotations
+
+from exgrpo_pl.engines import check_engine
+from exgrpo_pl.models import DTYPES
+from exgrpo_pl.step.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
+from exgrpo_pl.validation import check_choice, check_number, check_numbers
+
+NUMERIC_OPTIONS = {
+    "reward_timeout_seconds": dict(low=0, low_open=True, optional=True),
+    "num_generations": dict(low=2, integer=True),
+    "max_prompt_length": dict(low=1, integer=True),
+    "max_completion_length": dict(low=1, integer=True),
+    "temperature": dict(low=0, low_open=True),
+    "top_p": dict(low=0, high=1, low_open=True),
+    "epsilon": dict(low=0),
+    "epsilon_high": dict(low=0, optional=True),
+    "num_iterations": dict(low=1, integer=True),
+    "beta": dict(low=0),
+    "entropy_coef": dict(low=0),
+    "learning_rate": dict(low=0, high=1, low_open=True),  # AdamW moves each weight by up to lr a step
+    "weight_decay": dict(low=0),
+    "warmup_steps": dict(low=0, integer=True),
+    "max_grad_norm": dict(low=0),
+    "max_nonfinite_steps": dict(low=1, integer=True),
+    "micro_batch_size": dict(low=1, integer=True, optional=True),
+    "logit_chunk_elements": dict(low=1, integer=True),
+    "correct_threshold": dict(),
+    "shaping_beta": dict(low=0, low_open=True),
+    "is_truncation": dict(low=0, low_open=True),
+    "val_temperature": dict(low=0, optional=True),
+    "val_num_generations": dict(low=1, integer=True),
+}
+"""Every numeric option and its range; each must also be finite."""
+CHOICE_OPTIONS = {
+    "loss_type": LOSS_TYPES,
+    "scale_rewards": SCALE_REWARDS,
+    "off_policy_correction": OFF_POLICY_CORRECTIONS,
+    "dtype": tuple(DTYPES),
+}
+
+
+def check_options(hp) -> None:
+    """Reject impossible settings at construction, i.e. before any training starts."""
+    check_numbers("ExGRPOModule", hp, NUMERIC_OPTIONS)
+    for i, weight in enumerate(hp.reward_weights or []):
+        check_number("ExGRPOModule", f"reward_weights[{i}]", weight)
+    if hp.reward_weights and not any(hp.reward_weights):
+        raise ValueError(
+            f"ExGRPOModule reward_weights={list(hp.reward_weights)}: at least one must be non-zero; with all"
+            " zero every reward is 0, every advantage is 0, and nothing is learned"
+        )
+    for name, allowed in CHOICE_OPTIONS.items():
+        check_choice("ExGRPOModule", name, hp[name], allowed)
+    check_engine(hp.rollout_engine, hp.rollout_engine_options)

@@ -1,0 +1,228 @@
+"""The GRPO / ExGRPO math as pure functions: advantages, importance weights, the policy loss.
+
+Nothing here knows about models, buffers or Lightning, so every function is tested on hand-computed cases
+(tests/step/test_losses.py). Shapes: N rollouts, L completion tokens, K rollouts per question (group size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
+OFF_POLICY_CORRECTIONS = ("shaping", "truncate", "none")
+
+
+def group_advantages(
+    rewards: Tensor, group_size: int, scale_rewards: str = "group", eps: float = 1e-4
+) -> Tensor:
+    """A = r - mean(r of its group), optionally divided by a standard deviation.
+
+    Args:
+        rewards: `[N]` with N a multiple of `group_size`; groups are contiguous rows.
+        group_size: K, rollouts per question.
+        scale_rewards: "group" divides by the group's std (GRPO), "batch" by the std of all rewards,
+            "none" keeps the raw centred reward (Dr. GRPO, and the ExGRPO paper).
+        eps: added to the std so zero-variance groups give zero advantage, not NaN.
+    """
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards={scale_rewards!r}; allowed: {', '.join(SCALE_REWARDS)}")
+    grouped = rewards.view(-1, group_size)  # [N/K, K]
+    centred = grouped - grouped.mean(dim=1, keepdim=True)  # [N/K, K]
+    if scale_rewards == "group":
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)  # std is nan for K=1, never used so
+    elif scale_rewards == "batch":
+        centred = centred / (rewards.std() + eps)
+    return centred.reshape(-1)  # [N]
+
+
+def selective_log_softmax(logits: Tensor, token_ids: Tensor) -> Tensor:
+    """log softmax(logits)[token] without the full log-softmax tensor. `[N, L, V]`, `[N, L]` -> `[N, L]`."""
+    picked = logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)  # [N, L]
+    return picked - torch.logsumexp(logits, dim=-1)  # [N, L]
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy of the next-token distribution at every position. `[N, L, V]` -> `[N, L]`.
+
+    Computed in float32 (float64 for float64 logits).
+    """
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # [N, L, V]
+    if logp.requires_grad:
+        return -(logp.exp() * logp).sum(-1)  # [N, L]
+    return -logp.exp().mul_(logp).sum(-1)  # [N, L] no graph to keep: one float32 copy of the logits fewer
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of `values` where `mask` is True; 0 where nothing is masked in."""
+    mask = mask.to(values.dtype)
+    if dim is None:
+        return (values * mask).sum() / mask.sum().clamp(min=1)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def compute_importance_weights(
+    current_logps: Tensor,
+    behaviour_logps: Tensor,
+    mask: Tensor,
+    correction: str = "shaping",
+    shaping_beta: float = 0.1,
+    truncation: float = 2.0,
+) -> Tensor:
+    """Per-token weights for replayed (off-policy) tokens, differentiable through `current_logps`.
+
+    w = pi_theta / pi_behaviour per token; the behaviour log-probs were stored with the trajectory when it
+    was generated, so no copy of the old policy is needed.
+
+    Args:
+        current_logps: `[N, L]` log-probs under the current policy (with grad).
+        behaviour_logps: `[N, L]` log-probs under the policy that generated the tokens.
+        mask: `[N, L]` bool, real completion tokens.
+        correction: "shaping" gives f(w) = w / (w + beta) (ExGRPO's policy shaping: it damps the gradient
+            of tokens the current policy already finds likely, so replay cannot collapse entropy);
+            "truncate" gives min(w, truncation) (truncated IS); "none" gives w.
+        shaping_beta: beta of policy shaping; the paper uses 0.1.
+        truncation: the cap of truncated IS.
+
+    Returns:
+        `[N, L]` weights, 0 on padding.
+    """
+    if correction not in OFF_POLICY_CORRECTIONS:
+        raise ValueError(f"correction={correction!r}; allowed: {', '.join(OFF_POLICY_CORRECTIONS)}")
+    # Clamp the log-ratio so one wild token cannot overflow exp(); 20 nats is far past any useful weight.
+    w = torch.exp((current_logps - behaviour_logps).clamp(-20.0, 20.0))  # [N, L]
+    if correction == "shaping":
+        w = w / (w + shaping_beta)
+    elif correction == "truncate":
+        w = w.clamp(max=truncation)
+    return w * mask  # [N, L]
+
+
+def replayed_terms(
+    per_token: Tensor,
+    importance_weights: Tensor,
+    advantages: Tensor,
+    replayed: Tensor,
+    mask: Tensor,
+    stats: dict[str, Tensor] | None = None,
+) -> Tensor:
+    """`per_token` `[N, L]` with each replayed row's terms replaced by ExGRPO's -f(w) A.
+
+    The one place the replayed term is written: `compute_grpo_loss` and
+    `exgrpo_pl.step.groups.replayed_token_loss` (a module's own loss, `ReplayMixin.replay_loss`) both use it.
+
+    Args:
+        per_token: `[N, L]` the on-policy per-token loss.
+        importance_weights: `[N, L]` f(w) from `compute_importance_weights`, with grad.
+        advantages: `[N]`.
+        replayed: `[N]` bool, rows that came out of the buffer.
+        mask: `[N, L]` bool, the tokens the `is_weight` statistic averages over.
+        stats: receives `is_weight`, the mean f(w) over the replayed rows' masked tokens (detached).
+    """
+    off = replayed.unsqueeze(1)  # [N, 1]
+    if stats is not None:
+        stats["is_weight"] = masked_mean(importance_weights.detach(), mask & off)
+    adv = advantages.unsqueeze(1).to(importance_weights.dtype)  # [N, 1]
+    return torch.where(off, -importance_weights * adv, per_token)  # [N, L]
+
+
+@dataclass
+class LossNormaliser:
+    """Denominators of the whole batch, so micro-batched losses add up to the full-batch loss exactly.
+
+    Args:
+        num_sequences: rollouts in the whole batch.
+        num_tokens: real (unmasked) completion tokens in the whole batch.
+        max_completion_length: the generation budget, Dr. GRPO's constant normaliser.
+    """
+
+    num_sequences: int
+    num_tokens: int
+    max_completion_length: int
+
+
+def compute_grpo_loss(
+    logps: Tensor,
+    old_logps: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    normaliser: LossNormaliser,
+    *,
+    loss_type: str = "dapo",
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    importance_weights: Tensor | None = None,
+    replayed: Tensor | None = None,
+    ref_logps: Tensor | None = None,
+    beta: float = 0.0,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The clipped GRPO surrogate, with ExGRPO's weighted objective on replayed rows.
+
+    On-policy rows: -min(r A, clip(r, 1-eps_low, 1+eps_high) A) with r = exp(logps - old_logps).
+    Replayed rows: -f(w) A with f(w) from `compute_importance_weights` and no clipping (the paper's
+    mixed-policy objective). Optional k3 KL to a reference and an entropy bonus are added per token.
+
+    Args:
+        logps: `[N, L]` current log-probs (with grad).
+        old_logps: `[N, L]` log-probs at generation time (detached); equal to `logps` on the first
+            iteration, which makes r = 1 with the right gradient.
+        advantages: `[N]`.
+        mask: `[N, L]` bool, tokens that count in the loss.
+        normaliser: whole-batch denominators (see `LossNormaliser`).
+        loss_type: "grpo" averages tokens per sequence then sequences; "dr_grpo" divides the token sum by
+            num_sequences * max_completion_length; "dapo" divides it by the batch's token count.
+        importance_weights: `[N, L]` f(w) for replayed rows; required when `replayed` has a True row.
+        replayed: `[N]` bool, rows that came out of the buffer.
+        ref_logps: `[N, L]` reference-policy log-probs; used when `beta > 0`.
+        entropy: `[N, L]` token entropy (with grad); used when `entropy_coef > 0`.
+
+    Returns:
+        The scalar loss and detached statistics: clip_ratio (share of on-policy tokens clipped), kl,
+        is_weight (mean f(w) over replayed tokens).
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type={loss_type!r}; allowed: {', '.join(LOSS_TYPES)}")
+    maskf = mask.to(logps.dtype)  # [N, L]
+    adv = advantages.unsqueeze(1)  # [N, 1]
+    ratio = torch.exp(logps - old_logps)  # [N, L]
+    clipped = ratio.clamp(1 - epsilon_low, 1 + epsilon_high)  # [N, L]
+    per_token = -torch.min(ratio * adv, clipped * adv)  # [N, L]
+    is_clipped = (ratio * adv) > (clipped * adv)  # [N, L] the min picked the clipped branch
+
+    stats: dict[str, Tensor] = {}
+    if replayed is not None and bool(replayed.any()):
+        if importance_weights is None:
+            raise ValueError("compute_grpo_loss: replayed rows need importance_weights")
+        per_token = replayed_terms(per_token, importance_weights, advantages, replayed, mask, stats)
+        off = replayed.unsqueeze(1)  # [N, 1]
+        is_clipped = is_clipped & ~off
+        on_mask = mask & ~off
+    else:
+        on_mask = mask
+    stats["clip_ratio"] = masked_mean(is_clipped.to(logps.dtype), on_mask).detach()
+
+    if beta > 0.0:
+        if ref_logps is None:
+            raise ValueError("compute_grpo_loss: beta > 0 needs ref_logps")
+        delta = ref_logps - logps  # [N, L]
+        kl = torch.exp(delta) - delta - 1  # [N, L] k3 estimator, always >= 0
+        per_token = per_token + beta * kl
+        stats["kl"] = masked_mean(kl.detach(), mask)
+    if entropy_coef > 0.0:
+        if entropy is None:
+            raise ValueError("compute_grpo_loss: entropy_coef > 0 needs entropy")
+        per_token = per_token - entropy_coef * entropy  # a bonus: higher entropy lowers the loss
+
+    if loss_type == "grpo":
+        per_seq = (per_token * maskf).sum(1) / maskf.sum(1).clamp(min=1)  # [N]
+        loss = per_seq.sum() / normaliser.num_sequences
+    elif loss_type == "dr_grpo":
+        loss = (per_token * maskf).sum() / (normaliser.num_sequences * normaliser.max_completion_length)
+    else:
+        loss = (per_token * maskf).sum() / max(normaliser.num_tokens, 1)
+    return loss, stats

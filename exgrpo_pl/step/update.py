@@ -1,0 +1,212 @@
+"""The optimisation half of a GRPO step: micro-batched forwards and backwards, clipping, and the step itself.
+
+`ExGRPOModule` trains each step's groups (`exgrpo_pl.step.groups.assemble_groups`) with its `update_policy`
+(`PolicyUpdate`), which runs `num_iterations` optimizer updates on them. The loss is
+`exgrpo_pl.step.losses.compute_grpo_loss`: the clipped ratio on fresh rows, f(w) = w / (w + beta) on replayed
+ones. An update whose loss or gradient norm is NaN or infinite is skipped, so a bad batch never reaches the
+weights (`NonFiniteGuard`).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.engines.generation import completion_mask_from_ids
+from exgrpo_pl.step.forward import record_behaviour
+from exgrpo_pl.step.losses import LossNormaliser, compute_grpo_loss, compute_importance_weights
+from exgrpo_pl.step.rollout import completion_logps
+
+
+class NonFiniteGuard:
+    """Counts updates skipped for a non-finite loss or gradient norm; too many in a row stop the run.
+
+    Under fp16 loss scaling (`16-mixed`, DeepSpeed fp16) a gradient overflow is the loss scaler's business: it
+    skips that update and lowers its scale, and the first steps of a run overflow that way by design. Such a
+    skip is counted, but not towards the limit (a non-finite loss still is).
+
+    Args:
+        max_in_a_row: skipped updates in a row that raise.
+    """
+
+    def __init__(self, max_in_a_row: int) -> None:
+        self.max_in_a_row = max_in_a_row
+        self.skipped = 0
+        self.in_a_row = 0
+
+    def passed(self) -> None:
+        self.in_a_row = 0
+
+    def skip(self, step: int, loss: float, grad_norm: float | None, scaler_overflow: bool = False) -> None:
+        self.skipped += 1
+        if scaler_overflow:
+            rank_zero_info(
+                f"step {step}: gradient overflow; the loss scaler skipped the update and lowers its scale"
+            )
+            return
+        self.in_a_row += 1
+        if self.in_a_row >= self.max_in_a_row:
+            raise RuntimeError(
+                f"{self.in_a_row} updates in a row had a non-finite loss or gradient norm (last: loss "
+                f"{loss}, grad_norm {grad_norm}) and were skipped; the weights are those of step {step}. "
+                "Lower model.learning_rate, check the reward functions' values, or raise "
+                "model.max_nonfinite_steps"
+            )
+        rank_zero_info(f"step {step}: non-finite loss or gradient norm; update skipped")
+
+
+class PolicyUpdate:
+    """The optimisation half of `ExGRPOModule`'s step, as its method `update_policy`.
+
+    Reads from the module: `hparams` (the loss and optimisation options), `policy`, `reference` and
+    `lora_config` (the KL reference), `eos_token_ids`, `engine` (told when the weights change), `nonfinite`
+    (a `NonFiniteGuard`), and Lightning's optimizer, scheduler, strategy and precision plugin.
+    """
+
+    def update_policy(self, rollouts: RolloutBatch) -> dict[str, Tensor]:
+        """`num_iterations` optimizer steps of the policy on `rollouts`, accumulated over micro-batches.
+
+        The first forward pass of each row, taken before any update, gives the fresh rows their behaviour
+        log-probs and entropy (`record_behaviour`: what the buffer stores) and the old log-probs of the
+        clipped ratio. Every rank leaves a non-finite update at the same micro-batch (its finiteness is
+        all-reduced), so no backward waits on another rank.
+
+        Args:
+            rollouts: the step's groups, with advantages.
+
+        Returns:
+            Detached statistics: loss, clip_ratio, is_weight, kl, grad_norm, nonfinite_steps; loss is NaN when
+            the update was skipped.
+        """
+        hp = self.hparams
+        epsilon_high = hp.epsilon_high or hp.epsilon
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        loss_mask = rollouts.completion_mask
+        if hp.mask_truncated_completions:
+            _, truncated = completion_mask_from_ids(rollouts.completion_ids, self.eos_token_ids)
+            loss_mask = loss_mask & ~truncated.unsqueeze(1)
+        normaliser = LossNormaliser(len(rollouts), int(loss_mask.sum()), hp.max_completion_length)
+        old_logps = torch.zeros_like(rollouts.behaviour_logps)
+        size = hp.micro_batch_size or len(rollouts)
+        totals: dict[str, float] = {}
+        finite = True
+        for iteration in range(hp.num_iterations):
+            for start in range(0, len(rollouts), size):
+                rows = slice(start, start + size)
+                logps, entropy = completion_logps(
+                    self.policy, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
+                    rollouts.completion_ids[rows], rollouts.completion_mask[rows], hp.temperature,
+                    chunk_elements=hp.logit_chunk_elements,
+                )  # fmt: skip
+                if iteration == 0:
+                    old_logps[rows] = logps.detach()
+                    record_behaviour(rollouts, logps, entropy, rows)
+                weights = None
+                if bool(rollouts.replayed[rows].any()):
+                    weights = compute_importance_weights(
+                        logps, rollouts.behaviour_logps[rows], rollouts.completion_mask[rows],
+                        hp.off_policy_correction, hp.shaping_beta, hp.is_truncation,
+                    )  # fmt: skip
+                loss, stats = compute_grpo_loss(
+                    logps, old_logps[rows], rollouts.advantages[rows], loss_mask[rows], normaliser,
+                    loss_type=hp.loss_type, epsilon_low=hp.epsilon, epsilon_high=epsilon_high,
+                    importance_weights=weights, replayed=rollouts.replayed[rows],
+                    ref_logps=self.reference_logps(rollouts, rows), beta=hp.beta,
+                    entropy=entropy, entropy_coef=hp.entropy_coef,
+                )  # fmt: skip
+                finite = self._finite_on_every_rank(loss)
+                if not finite:
+                    break
+                self.manual_backward(loss)
+                share = min(size, len(rollouts) - start) / len(rollouts)
+                _accumulate(totals, {"loss": loss.detach(), **stats}, share)
+            loss_finite = finite
+            grad_norm = self._clip_gradients(optimizer) if finite else math.nan
+            finite = finite and (grad_norm is None or math.isfinite(grad_norm))
+            # A gradient overflow is the loss scaler's to skip.
+            scaler_decides = loss_finite and self._loss_scaled()
+            if finite or scaler_decides:
+                optimizer.step()  # a loss scaler skips a step with inf gradients itself, and lowers its scale
+            engine = self._deepspeed_engine()
+            if engine is not None and finite:  # DeepSpeed checks the gradients inside its step
+                finite = engine.was_step_applied()
+                grad_norm = float(engine.get_global_grad_norm() or 0.0) if finite else math.inf
+            if not finite:  # the batch's remaining updates would start from the same weights
+                optimizer.zero_grad(set_to_none=True)
+                self.nonfinite.skip(self.global_step, totals.get("loss", math.nan), grad_norm, scaler_decides)
+                totals.update(loss=math.nan, grad_norm=grad_norm)
+                break
+            self.engine.weights_changed()
+            scheduler.step()
+            totals["grad_norm"] = grad_norm
+            optimizer.zero_grad(set_to_none=True)
+        if finite:
+            self.nonfinite.passed()
+        totals["nonfinite_steps"] = float(self.nonfinite.skipped)
+        return {key: torch.as_tensor(value) for key, value in totals.items()}
+
+    def reference_logps(self, rollouts: RolloutBatch, rows: slice) -> Tensor | None:
+        """`[rows, C]` log-probs of the completions under the KL reference; None when beta is 0."""
+        if self.hparams.beta == 0:
+            return None
+        # With LoRA the reference is the base model: the same weights with the adapter switched off.
+        hp, lora = self.hparams, self.lora_config is not None
+        reference = self.policy if lora else self.reference
+        with torch.no_grad(), self.policy.disable_adapter() if lora else nullcontext():
+            logps, _ = completion_logps(
+                reference, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
+                rollouts.completion_ids[rows], rollouts.completion_mask[rows], hp.temperature,
+                with_entropy=False, chunk_elements=hp.logit_chunk_elements,
+            )  # fmt: skip
+        return logps
+
+    def _finite_on_every_rank(self, loss: Tensor) -> bool:
+        """Whether the loss is finite on every rank (one all-reduce when there are several)."""
+        finite = torch.isfinite(loss.detach()).float()
+        if self.trainer.world_size > 1:
+            finite = self.trainer.strategy.reduce(finite, reduce_op="min")
+        return bool(finite)
+
+    def _clip_gradients(self, optimizer) -> float | None:
+        """Total gradient norm before clipping (TRL's grad_norm); clips when max_grad_norm > 0.
+
+        Under DeepSpeed the engine owns the (sharded) gradients and clips inside its step with
+        `gradient_clipping` (set from max_grad_norm by `check_strategy`): None here, read after the step.
+        Under `16-mixed` the gradients are still multiplied by the loss scale here (Lightning unscales them
+        inside `optimizer.step()`, and only once), so the norm is divided by it and the threshold multiplied.
+        """
+        if isinstance(self.trainer.strategy, DeepSpeedStrategy):
+            return None
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        scale = float(scaler.get_scale()) if scaler is not None else 1.0
+        grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
+        norm = float(torch.nn.utils.get_total_norm(grads)) / scale if grads else 0.0
+        limit = self.hparams.max_grad_norm
+        if limit > 0 and math.isfinite(norm):
+            self.clip_gradients(optimizer, gradient_clip_val=limit * scale, gradient_clip_algorithm="norm")
+        return norm
+
+    def _deepspeed_engine(self):
+        """The DeepSpeed engine of the strategy, or None."""
+        strategy = self.trainer.strategy
+        return strategy.deepspeed_engine if isinstance(strategy, DeepSpeedStrategy) else None
+
+    def _loss_scaled(self) -> bool:
+        """Whether an fp16 loss scaler (torch's GradScaler under 16-mixed, DeepSpeed's) handles overflows."""
+        engine = self._deepspeed_engine()
+        if engine is not None:
+            return bool(engine.fp16_enabled())
+        return getattr(self.trainer.precision_plugin, "scaler", None) is not None
+
+
+def _accumulate(totals: dict[str, float], values: dict[str, Tensor], share: float) -> None:
+    """Sum the loss over micro-batches (it is already normalised by the whole batch); average the rest."""
+    for key, value in values.items():
+        weight = 1.0 if key == "loss" else share
+        totals[key] = totals.get(key, 0.0) + weight * float(value)
