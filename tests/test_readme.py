@@ -102,7 +102,7 @@ FROM_RESULTS: list[tuple[str, Callable[[], str]]] = [
 BESIDE: list[tuple[str, str]] = [
     (
         "python scripts/check_quickstart.py",
-        r"went from \*\*[0-9.]+ to [0-9.]+\*\*, best [0-9.]+ at step \d+",
+        r"went\s+from\s+\*\*[0-9.]+ to [0-9.]+\*\*, best [0-9.]+ at step \d+",
     ),
 ]
 
@@ -205,7 +205,9 @@ def test_every_number_in_the_readme_has_a_source():
 
 def test_the_quickstart_output_agrees_with_the_sentence_about_it():
     text = README.read_text()
-    claim = re.search(r"went from \*\*(?P<start>[0-9.]+) to (?P<final>[0-9.]+)\*\*", text)
+    # The sentences: the portable kernels' run, then the plain command's on this project's machine, which the
+    # printed output shows (scripts/check_quickstart.py reads them in this order).
+    _, claim = re.finditer(r"went\s+from\s+\*\*(?P<start>[0-9.]+) to (?P<final>[0-9.]+)\*\*", text)
     output = next(block for _, block in code_blocks(text) if "Training finished." in block)
     start = re.search(r"val/pass@1 before training: (\S+)", output).group(1)
     final = re.findall(r"val/pass@1: (\S+)", output)[-1]
