@@ -50,7 +50,7 @@ CATEGORIES = {
     "backward": ["torch/autograd/__init__.py:backward"],
     "optimizer step + grad clipping": [
         "torch/optim/adam.py:step", "transformers/trainer.py:_clip_grad_norm",
-        "exgrpo_pl/module/grpo.py:_clip_gradients",
+        "exgrpo_pl/step/update.py:_clip_gradients",
     ],
     "decode + rewards": [
         "tokenization_utils_base.py:batch_decode", "trl/trainer/grpo_trainer.py:_calculate_rewards",

@@ -28,14 +28,11 @@ from exgrpo_pl.callbacks.collectives import (
     union_across_ranks,
 )
 from exgrpo_pl.callbacks.rescoring import Rescoring
-from exgrpo_pl.contract import REPLAY_MODES, Experience, ReplayableModule, StepChecker
+from exgrpo_pl.contract import Experience, ReplayableModule, StepChecker
 from exgrpo_pl.experience.buffer import TrajectoryBuffer
 from exgrpo_pl.experience.replay import SelectiveReplay
 from exgrpo_pl.module.logging_steps import writes_step_metrics
 from exgrpo_pl.module.strategies import needs_synced_generation, zero_stage
-from exgrpo_pl.validation import check_number
-
-DISPLACED_QUESTIONS = ("discard", "defer")  # what becomes of the fresh questions a replay step displaces
 
 
 class ReplayCallback(Callback):
@@ -97,33 +94,8 @@ class ReplayCallback(Callback):
         bounded_demand: bool = False,
         displaced_questions: str = "discard",
     ) -> None:
-        if mode not in REPLAY_MODES:
-            raise ValueError(f"ReplayCallback mode={mode!r}; allowed: {', '.join(REPLAY_MODES)}")
-        check_number("ReplayCallback", "mix_fraction", mix_fraction, 0, 1, low_open=True)
-        start_epoch = replay_start_epoch
-        check_number("ReplayCallback", "replay_start_epoch", start_epoch, 0, integer=True, optional=True)
-        check_number("ReplayCallback", "start_pass_rate", start_pass_rate, 0, 1, optional=True)
-        check_number("ReplayCallback", "min_buffer_size", min_buffer_size, 1, integer=True)
-        if displaced_questions not in DISPLACED_QUESTIONS:
-            raise ValueError(
-                f"ReplayCallback displaced_questions={displaced_questions!r}; allowed: "
-                f"{', '.join(DISPLACED_QUESTIONS)}"
-            )
         self.buffer = buffer if buffer is not None else TrajectoryBuffer()
         self.replay = replay if replay is not None else SelectiveReplay()
-        percentiles = self.buffer.entropy_percentiles
-        if (
-            self.replay.trajectory_selection == "low_entropy_percentile"
-            and self.replay.entropy_percentile not in percentiles
-        ):
-            raise ValueError(
-                f"SelectiveReplay entropy_percentile={self.replay.entropy_percentile} is not one of the "
-                f"buffer's entropy_percentiles {list(percentiles)}"
-            )
-        if bounded_demand and mode != "mix":
-            raise ValueError(
-                "ReplayCallback bounded_demand=True needs mode='mix' (a swap replaces the whole batch)"
-            )
         self.mode = mode
         self.mix_fraction = mix_fraction
         self.replay_start_epoch = replay_start_epoch
@@ -133,7 +105,7 @@ class ReplayCallback(Callback):
         self.displaced_questions = displaced_questions
         self.deferred_total = 0  # questions deferred in this run, resumes included
         self._warned_small_stream = False
-        self.pass_rate_reached = start_pass_rate is None
+        self.pass_rate_reached = False  # whether a step's fresh pass rate exceeded start_pass_rate
         self.fallback_steps = 0
         self.replayed_steps = 0
         # Seconds of this step's replay bookkeeping (buffer add, sampling, rescoring); logged on logging
@@ -142,7 +114,7 @@ class ReplayCallback(Callback):
         self._rank_writes_own_file = False  # DeepSpeed ZeRO-3: see state_dict()
         self._retire_at_epoch_start = True  # setup() decides
         self._contract = StepChecker(mode)  # what the datamodule and training_step hand over, with the fix
-        replay_checks.check_options(self)
+        replay_checks.check_options(self)  # again in setup(): an option can be set after construction
 
     # ------------------------------------------------------------------------------ decisions
     @property
@@ -154,7 +126,7 @@ class ReplayCallback(Callback):
     def replay_active(self, trainer: Trainer) -> bool:
         """Whether the replay phase has begun (every configured trigger holds)."""
         epoch_ok = self.replay_start_epoch is None or trainer.current_epoch >= self.replay_start_epoch
-        return epoch_ok and self.pass_rate_reached
+        return epoch_ok and (self.start_pass_rate is None or self.pass_rate_reached)
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -163,7 +135,9 @@ class ReplayCallback(Callback):
                 f"ReplayCallback needs a module following exgrpo_pl.contract.ReplayableModule "
                 f"(num_generations, score_entropy and entropy_forwards); {type(pl_module).__name__} does not"
             )
+        replay_checks.check_options(self)
         replay_checks.check_trainer(self, trainer)
+        self._contract.mode = self.mode
         self._rank_writes_own_file = zero_stage(trainer) == 3
         self.replay.follow_run_seed()
         # Retire right before each pass is drawn where the datamodule says when that is (PromptDataModule):
@@ -276,7 +250,7 @@ class ReplayCallback(Callback):
         rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations)
         self._contract.check_module(pl_module, outputs, batch)
         fresh = ~rollouts.replayed
-        if not self.pass_rate_reached and bool(fresh.any()):
+        if self.start_pass_rate is not None and not self.pass_rate_reached and bool(fresh.any()):
             pass_rate = rollouts.correct[fresh].float().mean()
             pass_rate = trainer.strategy.reduce(pass_rate, reduce_op="mean")
             self.pass_rate_reached = float(pass_rate) > self.start_pass_rate
@@ -386,8 +360,7 @@ class ReplayCallback(Callback):
         replay_checks.warn_changed(own.get("options"), current, default)
         self.buffer.load_state_dict(own["buffer"])
         self.replay.load_state_dict(own["replay"])
-        # A run resumed without the pass-rate trigger has no rate to wait for, whatever the saved run had.
-        self.pass_rate_reached = own["pass_rate_reached"] or self.start_pass_rate is None
+        self.pass_rate_reached = own["pass_rate_reached"]
         self.fallback_steps = own["fallback_steps"]
         self.replayed_steps = own["replayed_steps"]
         self.deferred_total = own.get("deferred_total", 0)  # saved since displaced_questions exists

@@ -1,8 +1,9 @@
 """What `ReplayCallback` checks so that a replay that cannot happen is never silent.
 
-- Contradictions its options show (a `min_buffer_size` above the buffer's `max_size`, a `replay_start_epoch`
-  at or past the trainer's `max_epochs`, `displaced_questions="defer"` with a datamodule that cannot take
-  questions back) are errors before training (`check_options`, `check_trainer`, `check_streams`).
+- Invalid options, and contradictions its options show (a `min_buffer_size` above the buffer's `max_size`, a
+  `replay_start_epoch` at or past the trainer's `max_epochs`, `displaced_questions="defer"` with a datamodule
+  that cannot take questions back) are errors before training (`check_options`, `check_trainer`,
+  `check_streams`).
 - Contradictions that depend on the data (fewer rollouts in the whole run, or fewer storable trajectories,
   than `min_buffer_size`; `max_steps` ending the run before `replay_start_epoch`) are a warning when training
   starts, naming the numbers (`warn_if_unreachable`).
@@ -21,17 +22,44 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from exgrpo_pl.contract import REPLAY_MODES
+from exgrpo_pl.validation import check_number
+
 _PLAIN = (bool, int, float, str, type(None))
 # Not compared on resume: the sampler's seed only starts its generators, and a resume restores their state.
 _NOT_OPTIONS = {"self", "seed"}
 STREAM_METHODS = ("stream_passes", "defer_questions")  # what displaced_questions="defer" needs
+DISPLACED_QUESTIONS = ("discard", "defer")  # what becomes of the fresh questions a replay step displaces
 
 
 def check_options(callback) -> None:
-    """Raises ValueError when the callback's own options rule replay out, before any trainer exists."""
+    """Raises ValueError naming the option when the callback's own options are invalid or rule replay out,
+    before any trainer exists. `ReplayCallback` runs it on construction and again in `setup`, so an option
+    set on the callback afterwards (as a script that adjusts a preset's callback does) is checked too."""
+    name = "ReplayCallback"
+    if callback.mode not in REPLAY_MODES:
+        raise ValueError(f"{name} mode={callback.mode!r}; allowed: {', '.join(REPLAY_MODES)}")
+    check_number(name, "mix_fraction", callback.mix_fraction, 0, 1, low_open=True)
+    check_number(name, "replay_start_epoch", callback.replay_start_epoch, 0, integer=True, optional=True)
+    check_number(name, "start_pass_rate", callback.start_pass_rate, 0, 1, optional=True)
+    check_number(name, "min_buffer_size", callback.min_buffer_size, 1, integer=True)
+    if callback.displaced_questions not in DISPLACED_QUESTIONS:
+        raise ValueError(
+            f"{name} displaced_questions={callback.displaced_questions!r}; allowed: "
+            f"{', '.join(DISPLACED_QUESTIONS)}"
+        )
+    if callback.bounded_demand and callback.mode != "mix":
+        raise ValueError(f"{name} bounded_demand=True needs mode='mix' (a swap replaces the whole batch)")
+    replay, percentiles = callback.replay, callback.buffer.entropy_percentiles
+    by_percentile = replay.trajectory_selection == "low_entropy_percentile"
+    if by_percentile and replay.entropy_percentile not in percentiles:
+        raise ValueError(
+            f"SelectiveReplay entropy_percentile={replay.entropy_percentile} is not one of the "
+            f"buffer's entropy_percentiles {list(percentiles)}"
+        )
     if callback.min_buffer_size > callback.buffer.max_size:
         raise ValueError(
-            f"ReplayCallback min_buffer_size={callback.min_buffer_size}: must be <= the buffer's "
+            f"{name} min_buffer_size={callback.min_buffer_size}: must be <= the buffer's "
             f"max_size={callback.buffer.max_size}, or replay can never start (the buffer never holds that"
             " many)"
         )

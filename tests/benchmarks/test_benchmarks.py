@@ -221,6 +221,22 @@ def test_vs_trl_benchmark(bench):
     assert (out / "vs_trl.png").exists()
 
 
+def test_vs_trl_profile_names_functions_that_exist():
+    """A moved or renamed function would silently drop out of its profile category (counted as framework
+    time), so every entry point of ours must name a function defined in that file."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        categories = importlib.import_module("vs_trl").CATEGORIES
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    ours = [entry for entries in categories.values() for entry in entries if entry.startswith("exgrpo_pl/")]
+    assert ours
+    for entry in ours:
+        path, function = entry.split(":")
+        source = (BENCHMARKS.parent / path).read_text()
+        assert re.search(rf"^\s*def {function}\(", source, re.M), f"{entry}: no such function"
+
+
 def test_prompt_check_benchmark(bench):
     result = json.loads(
         (bench("prompt_check", "--rows", "300", "--repeats", "2") / "prompt_check.json").read_text()

@@ -23,6 +23,33 @@ def test_a_minimum_above_the_buffer_size_is_an_error(minimum, maximum):
         ReplayCallback(buffer=TrajectoryBuffer(max_size=maximum), min_buffer_size=minimum)
 
 
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("mode", "both", "mode='both'; allowed: swap, mix"),
+        ("mix_fraction", 0.0, "mix_fraction=0.0"),
+        ("displaced_questions", "drop", "displaced_questions='drop'; allowed: discard, defer"),
+        ("bounded_demand", True, "bounded_demand=True needs mode='mix'"),
+        ("min_buffer_size", 10**6, "min_buffer_size=1000000: must be <="),
+    ],
+)
+def test_an_option_set_after_construction_is_checked_before_the_first_step(
+    tmp_path, tiny_model_dir, option, value, message
+):
+    callback, steps = ReplayCallback(min_buffer_size=1), CountsSteps()
+    setattr(callback, option, value)  # as a script adjusting a preset's callback does
+    with pytest.raises(ValueError, match=message):
+        fit(tmp_path, tiny_model_dir, [callback, steps])
+    assert steps.steps == 0
+
+
+def test_a_pass_rate_trigger_set_after_construction_holds_replay_back(tmp_path, tiny_model_dir):
+    callback = ReplayCallback(replay=uniform_replay(), min_buffer_size=1)
+    callback.start_pass_rate = 1.0  # no batch of the tiny model is answered entirely right
+    _, rollouts = fit(tmp_path, tiny_model_dir, [callback])
+    assert not any(step.replayed.any() for step in rollouts) and not callback.pass_rate_reached
+
+
 class CountsSteps(Callback):
     def __init__(self):
         self.steps = 0

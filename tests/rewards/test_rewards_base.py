@@ -296,10 +296,19 @@ def test_the_limit_holds_outside_the_main_thread():
     assert not thread.is_alive() and len(caught) == 1
 
 
+@pytest.fixture
+def python_ctrl_c_handler():
+    """Python's own Ctrl-C handler, which a process started with SIGINT ignored (`nohup ... &`) lacks: there
+    the signal would never arrive and the test would wait out the reward's 600 s."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize(
     "signum, error", [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)], ids=["TERM", "INT"]
 )
-def test_sigterm_and_ctrl_c_end_the_wait_and_kill_the_worker(signum, error):
+def test_sigterm_and_ctrl_c_end_the_wait_and_kill_the_worker(signum, error, python_ctrl_c_handler):
     compute_rewards([ones], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)  # the worker is up
     pid, handler = worker_pid(), signal.getsignal(signal.SIGTERM)
     sender = threading.Timer(0.5, os.kill, (os.getpid(), signum))
