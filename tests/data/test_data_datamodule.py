@@ -428,8 +428,9 @@ def test_iterating_again_before_taking_a_batch_keeps_the_pass_and_position():
     assert [b["question_id"].tolist() for b in restored] == rest
 
 
-class _Recorder(L.LightningModule):
-    """Records (step, epoch, question ids) of each batch, and the step at each epoch start."""
+class BatchRecorder(L.LightningModule):
+    """Records (step, epoch, question ids) of each batch, and resumes as ExGRPOModule does: a stop at an
+    epoch's end resumes there."""
 
     def __init__(self):
         super().__init__()
@@ -438,12 +439,6 @@ class _Recorder(L.LightningModule):
     def training_step(self, batch, batch_idx):
         self.seen.append((self.global_step, self.current_epoch, batch["question_id"].tolist()))
         return (self.weight**2).sum()
-
-    def on_train_epoch_start(self):
-        self.seen.append(("epoch start", self.global_step, self.current_epoch))
-
-    def validation_step(self, batch, batch_idx):
-        self.seen.append(("validation", self.global_step, self.current_epoch))
 
     def on_load_checkpoint(self, checkpoint):
         self.resumed_at = resumable_fit_progress(checkpoint)
@@ -454,6 +449,16 @@ class _Recorder(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class _Recorder(BatchRecorder):
+    """Also records the step at each epoch start and at each validation."""
+
+    def on_train_epoch_start(self):
+        self.seen.append(("epoch start", self.global_step, self.current_epoch))
+
+    def validation_step(self, batch, batch_idx):
+        self.seen.append(("validation", self.global_step, self.current_epoch))
 
 
 class _Retirement(L.Callback):

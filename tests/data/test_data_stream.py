@@ -9,8 +9,8 @@ import io
 import lightning as L
 import pytest
 import torch
+from test_data_datamodule import BatchRecorder
 
-from exgrpo_pl.checkpoints.resume import resumable_fit_progress, settle_resumed_step_count
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.data.stream import PassStream
 
@@ -186,26 +186,6 @@ def test_a_stream_takes_its_batches_in_this_process(recwarn):
     assert dm.train_dataloader().num_workers == 0
 
 
-class _Recorder(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.weight, self.seen = torch.nn.Parameter(torch.zeros(1)), []
-
-    def training_step(self, batch, batch_idx):
-        self.seen.append((self.global_step, self.current_epoch, batch["question_id"].tolist()))
-        return (self.weight**2).sum()
-
-    def on_load_checkpoint(self, checkpoint):  # as ExGRPOModule: a stop at an epoch's end resumes there
-        self.resumed_at = resumable_fit_progress(checkpoint)
-
-    def on_train_start(self):
-        if getattr(self, "resumed_at", None) == "epoch end":
-            settle_resumed_step_count(self.trainer)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
 class _Defer(L.Callback):
     """Defers the last (step % 3) questions of each batch, and retires one question a pass."""
 
@@ -221,7 +201,7 @@ class _Defer(L.Callback):
 def fit(root, max_steps, ckpt_path=None):
     L.seed_everything(0, verbose=False)
     dm = PromptDataModule(synthetic=ArithmeticTask(13, seed=1), batch_size=4, val_fraction=0.0)
-    model = _Recorder()
+    model = BatchRecorder()
     trainer = L.Trainer(
         max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=root, callbacks=[_Defer()],
