@@ -5,11 +5,12 @@ current, baseline, ...), each in a fresh process and a temporary folder, without
 and reports the median wall time of each and their ratio. The baseline is the commit's files (`git archive`)
 run from source; the current tree is the installed `exgrpo_pl` (this checkout, `pip install -e .`). Both use
 this environment's packages, so the ratio is the code's. The config is each tree's own file of that name: give
-one whose settings both commits share (configs/exgrpo_seed.yaml has not changed since e09aa08; the quickstart
-has), or the ratio compares different runs. Writes benchmarks/results/quickstart_speed.json.
+one whose settings both commits share, or the ratio compares different runs. Writes
+benchmarks/results/quickstart_speed.json.
 
-    # e09aa08: the commit before the rollout engines
-    python benchmarks/quickstart_speed.py --baseline e09aa08 --config configs/exgrpo_seed.yaml
+    # af1a4f0 made the quickstart the recommended preset on the reasoning task; its settings are today's
+    # (only the class paths differ: the package's modules have moved into folders since)
+    python benchmarks/quickstart_speed.py --baseline af1a4f0 --rounds 2
     python benchmarks/quickstart_speed.py --baseline HEAD --rounds 1 --steps 3   # a smoke run
 """
 

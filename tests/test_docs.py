@@ -1,5 +1,6 @@
 """The documentation pages' tables of results are the results files' (docs/learning.md from learning.json and
-learning_yardstick.json, docs/reliability.md from resume_exact.json)."""
+learning_yardstick.json, docs/reliability.md from resume_exact.json, docs/performance.md's quickstart row from
+quickstart_speed.json)."""
 
 import json
 import sys
@@ -53,3 +54,18 @@ def test_the_learning_page_shows_the_hypotheses_verdicts_of_its_results_file():
     assert table in (ROOT / "docs" / "learning.md").read_text(), (
         "docs/learning.md should show the verdicts as benchmarks/hypotheses.py prints them:\n" + table
     )
+
+
+def test_the_performance_page_quotes_the_quickstart_speed_file():
+    result = json.loads((ROOT / "benchmarks" / "results" / "quickstart_speed.json").read_text())
+    (baseline, base), (_, current) = result["median"].items()
+    commit = baseline.removeprefix("baseline ")
+    row = (
+        f"| quickstart wall time, this checkout / `{commit}` | {result['ratio']:.2f}x ({current:.1f} vs "
+        f"{base:.1f} s,"
+    )
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert row in page and f"`python benchmarks/quickstart_speed.py --baseline {commit}" in page, (
+        "docs/performance.md should quote benchmarks/results/quickstart_speed.json:\n" + row
+    )
+    assert result["config"] == "configs/quickstart.yaml" and result["steps"] is None  # the whole quickstart
