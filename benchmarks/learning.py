@@ -409,7 +409,8 @@ def report(results: dict, suffix: str) -> None:
     print(presets_table(summary))
     RESULTS.mkdir(parents=True, exist_ok=True)
     record = {"summary": summary, "runs": _without_replay_records(results)}
-    (RESULTS / f"learning{suffix}.json").write_text(json.dumps(record))
+    # Without the spaces after separators: the per-step replay records make this the largest results file.
+    (RESULTS / f"learning{suffix}.json").write_text(json.dumps(record, separators=(",", ":")))
     for task in results:
         _plot_curves(results[task], summary[task], RESULTS / f"learning_{task}{suffix}.png", task)
         _plot_diagnostics(results[task], RESULTS / f"learning_{task}_replay{suffix}.png", task)
