@@ -86,3 +86,13 @@ def test_the_recommended_preset_defers_only_when_deferring_holds_everywhere_and_
     assert recommended_takes_defer(h1((0.5, 1.0), (2.0, 1.0)))  # holds on both, above on one
     assert not recommended_takes_defer(h1((0.5, 1.0), (0.4, 1.0)))  # holds on both, above on none
     assert not recommended_takes_defer(h1((3.0, 1.0), (-0.5, 1.0)))  # above on one, undecided on one
+
+
+def test_a_hypothesis_reads_only_its_own_seeds():
+    """Seeds past a hypothesis's count leave its verdict as it was: H1-H4 stay decided on seeds 0-4 when the
+    ten-seed runs of H7 add seeds 5-9 to the same variants."""
+    runs = runs_of("t", A=[0.51] * 5 + [0.0] * 5, B=[0.50] * 10)
+    assert paired(runs, "t", "A", "B", DECIDING[0]) == pytest.approx((1.0, 0.0))
+    mean, _ = paired(runs, "t", "A", "B", DECIDING[0], seeds=10)
+    assert mean == pytest.approx(-24.5)  # (5 x +1 + 5 x -50) / 10
+    assert paired(runs_of("t", A=[0.5] * 9, B=[0.4] * 9), "t", "A", "B", DECIDING[0], seeds=10) is None
