@@ -31,7 +31,7 @@ class Hypothesis:
     relation: str  # a key of MARGINS
     comparisons: tuple[tuple[str, str, str], ...]  # (task, variant A, variant B)
     deciding: tuple[str, ...] = DECIDING
-    seeds: int = SEEDS  # a comparison uses seeds 0 .. seeds-1, so later seeds leave an earlier verdict as it was
+    seeds: int = SEEDS  # reads seeds 0 .. seeds-1: later seeds leave an earlier verdict as it was
 
 
 HYPOTHESES = (
@@ -58,9 +58,13 @@ HYPOTHESES = (
         "at or above", tuple((task, "ExGRPO paper", "GRPO") for task in TASKS), (EQUAL_FRESH,),
     ),
     Hypothesis(
-        "H7", "at equal fresh questions trained on, the recommended preset ends above GRPO on arithmetic and the "
-        "small pool (10 seeds)", "above",
-        tuple((task, "ExGRPO recommended", "GRPO") for task in ("arithmetic", "small_pool")), (EQUAL_FRESH,), 10,
+        "H7",
+        "at equal fresh questions trained on, the recommended preset ends above GRPO on arithmetic and the "
+        "small pool (10 seeds)",
+        "above",
+        tuple((task, "ExGRPO recommended", "GRPO") for task in ("arithmetic", "small_pool")),
+        (EQUAL_FRESH,),
+        10,
     ),
 )  # fmt: skip
 
@@ -68,8 +72,8 @@ HYPOTHESES = (
 def paired(
     runs: dict, task: str, a: str, b: str, column: str, seeds: int = SEEDS
 ) -> tuple[float, float] | None:
-    """A's figure minus B's in points, paired by seed over seeds 0 .. `seeds`-1: mean and 95% half-width (None:
-    fewer than `seeds` of them that both ran with the figure)."""
+    """A's figure minus B's in points, paired by seed over seeds 0 .. `seeds`-1: mean and 95% half-width
+    (None: fewer than `seeds` of them that both ran with the figure)."""
     variants = runs.get(task, {})
     budget = fresh_question_budget(variants)
     by_seed = [{r["seed"]: figures(r, budget) for r in variants.get(name, [])} for name in (a, b)]

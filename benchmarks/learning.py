@@ -93,6 +93,7 @@ def _without_replay(cli) -> None:
 
 
 _BUFFER_ONLY = {"retire_from": "buffer"}
+_KEEP_LAST = {"all_wrong_groups": "keep_last"}
 
 # name -> (preset, change applied to the built CLI objects, the variant's average accuracy in the paper's
 # ablation study, arXiv 2510.02245; None: not one of its variants)
@@ -119,6 +120,9 @@ VARIANTS = {
     # The fresh questions a mixed step displaces come back in the following steps instead of being dropped.
     "paper, deferred": ("exgrpo_paper", _changed(callback={"displaced_questions": "defer"}), None),
     "recommended, deferred": ("exgrpo", _changed(callback={"displaced_questions": "defer"}), None),
+    # The paper's code skips a group with no correct rollout, so its question keeps its last bucket.
+    "paper, all-wrong keeps last bucket": ("exgrpo_paper", _changed(bucketer=_KEEP_LAST), None),
+    "recommended, all-wrong keeps last bucket": ("exgrpo", _changed(bucketer=_KEEP_LAST), None),
     # The seed preset retires from the buffer only (the bucketer's default); this variant, the paper's way.
     "seed, retire from buffer and stream": (
         "exgrpo_seed",

@@ -26,6 +26,7 @@ from exgrpo_pl.validation import check_number
 # tier_of and check_rate_range (exgrpo_pl.experience.rate_tiers), gaussian_bucket_draw and choose_in_groups
 # (exgrpo_pl.experience.bucket_draw) are importable from here, where they were defined before.
 __all__ = [
+    "ALL_WRONG_GROUPS",
     "METRICS",
     "RETIRE_FROM",
     "DifficultyBucketer",
@@ -50,6 +51,8 @@ _QUESTION_COLUMNS = {
 
 # What a retired question leaves (`DifficultyBucketer.retire_from`): None = it is never retired.
 RETIRE_FROM = ("buffer_and_stream", "buffer")
+# What a group with no correct rollout does to its question (`DifficultyBucketer.all_wrong_groups`).
+ALL_WRONG_GROUPS = ("count", "keep_last")
 
 
 class DifficultyBucketer:
@@ -84,6 +87,12 @@ class DifficultyBucketer:
             None keeps it out for good (the paper).
         min_retire_group: smallest latest group that can retire a question, >= 1. With the default of 2,
             trajectories added one at a time (the seed's loop) never retire anything.
+        all_wrong_groups: what a group of at least `min_retire_group` rollouts with none correct does:
+            "count" (the default) records it like any other, so the question's rate drops towards 0 and its
+            stored correct trajectories leave the medium range; "keep_last" (the paper's code, whose bucket
+            manager skips such groups) leaves the question's window, rate and latest group as they were, so
+            an old success of a question the policy now fails stays a replay candidate in its last bucket (a
+            question first seen with such a group stays unknown).
     """
 
     def __init__(
@@ -94,12 +103,18 @@ class DifficultyBucketer:
         retire_from: str | None = "buffer",
         readmit_after_epochs: int | None = None,
         min_retire_group: int = 2,
+        all_wrong_groups: str = "count",
     ) -> None:
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
         if retire_from is not None and retire_from not in RETIRE_FROM:
             raise ValueError(
                 f"DifficultyBucketer retire_from must be one of {[*RETIRE_FROM, None]}, got {retire_from!r}"
+            )
+        if all_wrong_groups not in ALL_WRONG_GROUPS:
+            raise ValueError(
+                f"DifficultyBucketer all_wrong_groups must be one of {list(ALL_WRONG_GROUPS)}, got "
+                f"{all_wrong_groups!r}"
             )
         check_number("DifficultyBucketer", "window_size", window_size, 1, integer=True)
         check_number("DifficultyBucketer", "correct_threshold", correct_threshold)
@@ -119,6 +134,7 @@ class DifficultyBucketer:
         self.retire_from = retire_from
         self.readmit_after_epochs = readmit_after_epochs
         self.min_retire_group = int(min_retire_group)
+        self.all_wrong_groups = all_wrong_groups
         # The training epoch that `update` stamps on retirements; the trainer's owner keeps it current.
         self.epoch = 0
         self._layout_version = 0
@@ -194,11 +210,19 @@ class DifficultyBucketer:
         groups: dict[int, list[bool]] = {}
         for q, c in zip(qids, correct, strict=True):
             groups.setdefault(q, []).append(c)
+        if self.all_wrong_groups == "keep_last":
+            groups = {
+                q: outcomes
+                for q, outcomes in groups.items()
+                if len(outcomes) < self.min_retire_group or any(outcomes)
+            }
         self._add_questions([q for q in groups if q not in self._index])
         cols = self._cols
         if domains is not None:
             last_domain = dict(zip(qids, domains, strict=True))  # a question keeps the last one seen
             for q, d in last_domain.items():
+                if q not in groups:  # a skipped all-wrong group ("keep_last") changes nothing of its question
+                    continue
                 cols["domain"][self._index[q]] = self._domain_code(d)
         retired_now = []
         for q, outcomes in groups.items():

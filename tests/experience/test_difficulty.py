@@ -320,3 +320,38 @@ def test_dense_by_rate_matches_a_sort(updates, reload_after):
             fresh.load_state_dict(b.state_dict())
             b = fresh
     assert b.dense_by_rate().tolist() == np.argsort(b.dense_rates(), kind="stable").tolist()
+
+
+def test_all_wrong_groups_keep_last_leaves_the_question_in_its_last_bucket():
+    """The paper's code skips a group with no correct rollout: the question keeps its last bucket, window and
+    latest group; a question first seen that way stays unknown. "count" records it like any other group."""
+    for rule, rate, latest in (("count", 0.0, (0, 8)), ("keep_last", 3 / 8, (3, 8))):
+        b = DifficultyBucketer(window_size=8, retire_from=None, all_wrong_groups=rule)
+        update(b, [1] * 8, [1.0] * 3 + [0.0] * 5)
+        update(b, [1] * 8 + [2] * 8, [0.0] * 16, domains=["a"] * 16)
+        assert b.rates(torch.tensor([1])).item() == pytest.approx(rate)
+        correct, total = b.latest_counts(torch.tensor([1]))
+        assert (correct.item(), total.item()) == latest
+        assert (2 in b.known_questions().tolist()) == (rule == "count")
+    keep = DifficultyBucketer(retire_from=None, all_wrong_groups="keep_last")
+    update(keep, [3], [0.0])  # a group smaller than min_retire_group (the seed's loop) always counts
+    assert keep.rates(torch.tensor([3])).item() == 0.0
+    with pytest.raises(ValueError, match="all_wrong_groups"):
+        DifficultyBucketer(all_wrong_groups="skip")
+
+
+def test_keep_last_keeps_an_old_success_a_likely_draw():
+    """A question at 3/8, then 0/8, beside ten at 4/8, four questions drawn by the paper's Gaussian over
+    buckets: under "keep_last" it is drawn most of the time (its 3/8 bucket holds it alone), under "count"
+    almost never (rate 0, four sigmas from the mean)."""
+    drawn = {}
+    for rule in ("count", "keep_last"):
+        b = DifficultyBucketer(window_size=8, retire_from=None, all_wrong_groups=rule)
+        update(b, [0] * 8, [1.0] * 3 + [0.0] * 5)
+        for q in range(1, 11):
+            update(b, [q] * 8, [1.0] * 4 + [0.0] * 4)
+        update(b, [0] * 8, [0.0] * 8)
+        rates = b.dense_rates()
+        g = torch.Generator().manual_seed(0)
+        drawn[rule] = np.mean([0 in gaussian_bucket_draw(rates, 4, 0.125, g).tolist() for _ in range(2000)])
+    assert drawn["count"] < 0.01 and drawn["keep_last"] > 0.75
