@@ -31,7 +31,7 @@ from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO
 from exgrpo_pl.models import DTYPES, completion_stop_ids, load_tokenizer, lora_config, resolve_model_path
 
 POLICY_PREFIX = "policy."
-# Lightning before 2.1 saved DeepSpeed's weights under its wrapper's attribute (what its converter strips too).
+# Lightning before 2.1 saved DeepSpeed's weights under its wrapper's attribute (its converter strips it too).
 _WRAPPER_PREFIX = "_forward_module."
 
 

@@ -21,7 +21,8 @@ def trained_checkpoint(module, path, steps=1):
     seed_everything(0)
     trainer = Trainer(
         max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=path.parent,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        default_root_dir=path.parent,
     )  # fmt: skip
     trainer.fit(module, PromptDataModule(synthetic=ArithmeticTask(64, seed=1), batch_size=4))
     trainer.save_checkpoint(path)
