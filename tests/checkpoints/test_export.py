@@ -2,14 +2,16 @@
 `AutoModelForCausalLM.from_pretrained` loads to the checkpoint's weights exactly and the same logits."""
 
 import json
+import multiprocessing
 
 import pytest
 import torch
-from conftest import tiny_module
-from lightning.pytorch import Trainer, seed_everything
+from conftest import CPUDeepSpeedStrategy, tiny_module
+from lightning.pytorch import Callback, Trainer, seed_everything
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from exgrpo_pl.checkpoints.export import export_policy, main
+from exgrpo_pl.checkpoints.saving import SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.models import load_policy
 
@@ -106,3 +108,63 @@ def test_a_lora_run_exports_its_adapter_or_the_merged_model(tiny_model_dir, tmp_
 
         peft_model = AutoPeftModelForCausalLM.from_pretrained(out)
         assert_same_model(peft_model, module.policy)
+
+
+class RecordPolicy(Callback):
+    """Saves the policy's full weights when training ends (gathered from their ZeRO-3 partitions)."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def on_train_end(self, trainer, pl_module):
+        import deepspeed
+
+        params = list(pl_module.policy.parameters())
+        with deepspeed.zero.GatheredParameters(params):  # a no-op below ZeRO-3
+            weights = {name: p.detach().clone() for name, p in pl_module.policy.named_parameters()}
+        torch.save(weights, self.out)
+
+
+def _deepspeed_fit(model_dir: str, stage: int, folder: str, weights: str) -> None:
+    """In a child process: one ZeRO-`stage` training step on the CPU (gloo), its checkpoint folder saved."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    seed_everything(0)
+    trainer = Trainer(
+        accelerator="cpu", strategy=CPUDeepSpeedStrategy(stage=stage), max_steps=1, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        callbacks=[RecordPolicy(weights), SafeModelCheckpoint(dirpath=folder, save_last=True, save_top_k=0)],
+    )  # fmt: skip
+    module = tiny_module(model_dir, learning_rate=1e-2)
+    trainer.fit(module, PromptDataModule(synthetic=ArithmeticTask(64, seed=1), batch_size=2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_deepspeed_checkpoint_folder_exports_to_its_weights(tiny_model_dir, tmp_path, stage):
+    pytest.importorskip("deepspeed")
+    weights = tmp_path / "weights.pt"
+    # Spawned, not forked (as in tests/step/test_update.py): a fork can inherit a lock another thread holds.
+    child = multiprocessing.get_context("spawn").Process(
+        target=_deepspeed_fit, args=(tiny_model_dir, stage, str(tmp_path / "ckpt"), str(weights))
+    )
+    child.start()
+    child.join(timeout=600)
+    assert child.exitcode == 0
+    folder = tmp_path / "ckpt" / "last.ckpt"
+    assert folder.is_dir() and (folder / "latest").is_file()  # DeepSpeed's layout, not a file
+
+    out = export_policy(folder, tmp_path / "policy")
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    trained = torch.load(weights, weights_only=True)
+    for name, tensor in trained.items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    base = load_policy(tiny_model_dir)
+    assert not torch.equal(base.lm_head.weight, loaded.lm_head.weight)
+    base.load_state_dict(trained, strict=False)  # the tied lm_head follows the embedding
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(IDS).logits, base.eval()(IDS).logits)
