@@ -4,6 +4,7 @@ exgrpo fit --config configs/quickstart.yaml
 exgrpo fit --config configs/quickstart.yaml --print_config
 exgrpo fit --config configs/quickstart.yaml --ckpt_path last   # resume from the newest complete checkpoint
 exgrpo test --config configs/eval_paper.yaml --ckpt_path X.ckpt # the paper's table of its evaluation sets
+exgrpo export --ckpt_path X.ckpt --out DIR                      # the policy as a Hugging Face model folder
 
 A resumed run keeps the options its config files and command line give it, with `--ckpt_path last` as with
 a checkpoint file, and warns listing each option whose value differs from the checkpoint's.
@@ -20,6 +21,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from exgrpo_pl.checkpoints.export import main as export_main
 from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.evaluation.report import to_markdown, write_report
@@ -176,6 +178,10 @@ def _argument_texts(args) -> Iterator[tuple[str, str]]:
 
 
 def main(args=None) -> None:
+    argv = sys.argv[1:] if args is None else args
+    if isinstance(argv, list | tuple) and list(argv[:1]) == ["export"]:  # not a Trainer subcommand
+        export_main(list(argv[1:]))
+        return
     ExGRPOCLI(
         ExGRPOModule,
         PromptDataModule,
