@@ -52,6 +52,11 @@ def read_checkpoint(ckpt_path: str | os.PathLike) -> tuple[dict[str, torch.Tenso
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such file or folder")
     if path.is_file():
         checkpoint = AtomicCheckpointIO().load_checkpoint(path, map_location="cpu")
+        if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+            raise ValueError(
+                f"ckpt_path={ckpt_path}: not a Lightning checkpoint (no state_dict entry; a bare state dict "
+                "or weights file has no options that name the model)"
+            )
         return checkpoint["state_dict"], dict(checkpoint.get("hyper_parameters") or {})
     try:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -60,6 +65,8 @@ def read_checkpoint(ckpt_path: str | os.PathLike) -> tuple[dict[str, torch.Tenso
             f"ckpt_path={ckpt_path} is a DeepSpeed checkpoint folder: exporting it needs deepspeed "
             "(pip install 'exgrpo-pl[deepspeed]')"
         ) from err
+    if not (path / "latest").is_file():
+        raise ValueError(f"ckpt_path={ckpt_path}: a folder without DeepSpeed's 'latest' file: no checkpoint")
     tag = (path / "latest").read_text().strip()
     model_states = sorted((path / tag).glob("*model_states.pt"))  # rank 0's sorts first
     if not model_states:

@@ -11,7 +11,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from exgrpo_pl.checkpoints.export import export_policy, main
-from exgrpo_pl.checkpoints.saving import SafeModelCheckpoint
+from exgrpo_pl.checkpoints.saving import COMPLETE_MARKER, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.models import load_policy
 
@@ -85,6 +85,20 @@ def test_a_checkpoint_of_another_module_is_named(tmp_path):
     torch.save({"state_dict": {"layer.weight": torch.ones(2)}, "hyper_parameters": {}}, tmp_path / "x.ckpt")
     with pytest.raises(ValueError, match=r"x.ckpt: its hyper_parameters have no model_name_or_path"):
         export_policy(tmp_path / "x.ckpt", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bare_state_dict_or_a_folder_that_is_no_checkpoint_is_named(tmp_path):
+    torch.save({"layer.weight": torch.ones(2)}, tmp_path / "weights.pt")
+    with pytest.raises(ValueError, match=r"weights.pt: not a Lightning checkpoint \(no state_dict entry"):
+        export_policy(tmp_path / "weights.pt", tmp_path / "out")
+    folder = tmp_path / "run.ckpt"
+    folder.mkdir()
+    (folder / COMPLETE_MARKER).write_text("")
+    with pytest.raises(ValueError, match=r"run.ckpt: a folder without DeepSpeed's 'latest' file"):
+        export_policy(folder, tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match=r"ckpt_path=.*missing.ckpt: no such file or folder"):
+        export_policy(tmp_path / "missing.ckpt", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
