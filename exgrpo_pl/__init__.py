@@ -10,8 +10,8 @@ The package's folders, bottom to top (each imports only from those before it; te
 checks it): the shared basics at the top level (`batch`, `ragged`, `seeding`, `validation`, `contract`,
 `models`, `lightning_internals`), `rewards/`, `engines/`, `data/`, `evaluation/`, `experience/` (the replay
 memory), `step/` (one training step), `checkpoints/`, `module/` (the LightningModule and `ReplayMixin`),
-`callbacks/` and `cli`. The modules of the earlier flat layout moved into them: importing an old path raises
-an error that names the new one (`exgrpo_pl.moved`).
+`callbacks/` and `cli`. The modules of the earlier flat layout moved into them: an old path still imports,
+with a warning that names the new one and the version that removes it (`exgrpo_pl.moved`).
 """
 
 from exgrpo_pl import moved
@@ -22,7 +22,7 @@ from exgrpo_pl.experience.replay import SelectiveReplay
 from exgrpo_pl.step.losses import compute_grpo_loss, compute_importance_weights, group_advantages
 from exgrpo_pl.step.rollout import compute_entropy
 
-moved.install()  # old module paths raise an error naming the new one
+moved.install()  # old module paths warn, naming the new one
 
 __all__ = [
     "DifficultyBucketer",

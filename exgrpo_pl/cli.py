@@ -4,6 +4,7 @@ exgrpo fit --config configs/quickstart.yaml
 exgrpo fit --config configs/quickstart.yaml --print_config
 exgrpo fit --config configs/quickstart.yaml --ckpt_path last   # resume from the newest complete checkpoint
 exgrpo test --config configs/eval_paper.yaml --ckpt_path X.ckpt # the paper's table of its evaluation sets
+exgrpo export --ckpt_path X.ckpt --out DIR                      # the policy as a Hugging Face model folder
 
 A resumed run keeps the options its config files and command line give it, with `--ckpt_path last` as with
 a checkpoint file, and warns listing each option whose value differs from the checkpoint's.
@@ -11,7 +12,9 @@ a checkpoint file, and warns listing each option whose value differs from the ch
 
 from __future__ import annotations
 
+import importlib
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,11 +23,12 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from exgrpo_pl.checkpoints.export import main as export_main
 from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.evaluation.report import to_markdown, write_report
 from exgrpo_pl.module.grpo import ExGRPOModule
-from exgrpo_pl.moved import ModuleMovedError, moved_message, old_paths_in
+from exgrpo_pl.moved import ModuleMovedError, MovedModuleWarning, moved_message, old_paths_in, removed
 
 
 class ExGRPOCLI(LightningCLI):
@@ -142,12 +146,14 @@ def own_root_cause(err: BaseException) -> BaseException | None:
 
 
 def check_old_module_paths(args) -> None:
-    """A `ModuleMovedError` before parsing when a config file or an argument names a module of the flat layout
-    (`exgrpo_pl.moved`), naming the file and line (or the argument), the old path and the new one.
+    """Before parsing: when a config file or an argument names a module of the flat layout
+    (`exgrpo_pl.moved`), one `MovedModuleWarning` listing the file and line (or the argument), the old path
+    and the new one; `ModuleMovedError` with the same list once the old paths are removed.
 
-    jsonargparse reports the import error too, but only the first one, inside the dump of every type it tried
-    (as for `instantiate_classes`' errors). Config files are the arguments that name a .yaml, .yml or .json
-    file of at most 1 MiB; YAML comments are not read.
+    jsonargparse would report a removed path too, but only the first one, inside the dump of every type it
+    tried (as for `instantiate_classes`' errors); and the stand-in modules' own warnings would name only the
+    module, so they are not repeated here. A config file is any argument naming a UTF-8 text file of at most
+    1 MiB, whatever its suffix (`--config run.cfg`, `--trainer=trainer.txt`); YAML comments are not read.
     """
     found = []
     for source, text in _argument_texts(args):
@@ -155,27 +161,36 @@ def check_old_module_paths(args) -> None:
             where = f"{source}, line {number}" if source != "argument" else f"argument {line!r}"
             code = "" if line.lstrip().startswith("#") else line.split(" #")[0]
             found += [(f"{where}: {dotted}: {moved_message(old)}", old) for dotted, old in old_paths_in(code)]
-    if found:
-        lines = [f"  {line}" for line, _ in found]
-        raise ModuleMovedError(
-            found[0][1], "\n".join(["exgrpo_pl's modules moved into folders; update these paths:", *lines])
-        )
+    if not found:
+        return
+    lines = [f"  {line}" for line, _ in found]
+    if removed():
+        header = "exgrpo_pl's modules moved into folders; update these paths:"
+        raise ModuleMovedError(found[0][1], "\n".join([header, *lines]))
+    header = "exgrpo_pl's modules moved into folders; these old paths still work, with a warning:"
+    warnings.warn("\n".join([header, *lines]), MovedModuleWarning, stacklevel=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MovedModuleWarning)
+        for old in dict.fromkeys(old for _, old in found):
+            importlib.import_module(old)
 
 
 def _argument_texts(args) -> Iterator[tuple[str, str]]:
     """(source, text) of each argument: the contents of a config file it names, or the argument itself."""
     for arg in map(str, args if isinstance(args, list | tuple) else [args]):  # a dict: its text
         path = Path(arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg)
-        try:  # a config is small: a large data file (.json) is not read
-            is_config = (
-                path.suffix in (".yaml", ".yml", ".json") and path.is_file() and path.stat().st_size <= 2**20
-            )
-        except OSError:  # no such file, or not a path (a name too long, ...)
-            is_config = False
-        yield (str(path), path.read_text(errors="replace")) if is_config else ("argument", arg)
+        try:  # a config is small text: a large data file or a checkpoint is not read
+            text = path.read_bytes().decode() if path.is_file() and path.stat().st_size <= 2**20 else None
+        except (OSError, UnicodeDecodeError):  # not a path (a name too long, ...), unreadable, or binary
+            text = None
+        yield (str(path), text) if text is not None else ("argument", arg)
 
 
 def main(args=None) -> None:
+    argv = sys.argv[1:] if args is None else args
+    if isinstance(argv, list | tuple) and list(argv[:1]) == ["export"]:  # not a Trainer subcommand
+        export_main(list(argv[1:]))
+        return
     ExGRPOCLI(
         ExGRPOModule,
         PromptDataModule,

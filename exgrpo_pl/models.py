@@ -62,6 +62,8 @@ def _check_model_directory(model_name_or_path: str, path: Path) -> None:
         return
     nested = next(iter(sorted(path.glob("*/config.json")) + sorted(path.glob("*/*/config.json"))), None)
     hint = f"; {nested.parent} has one" if nested is not None else ""
+    if (path / "adapter_config.json").is_file():  # what `exgrpo export` writes for a LoRA run
+        hint += "; it is a LoRA adapter: export the run with --merge_lora true for a whole model"
     raise ValueError(
         f"{where}: {path} is a directory without config.json: not a model ({_contents(path)}){hint}"
     )

@@ -1,12 +1,14 @@
-"""Where the modules of the flat layout went, and the error an old path raises.
+"""Where the modules of the flat layout went: their old paths work, with a warning, until `REMOVED_IN`.
 
 Until 0.1.0 the package's modules sat side by side (`exgrpo_pl.buffer`, `exgrpo_pl.checkpointing`, ...); they
-now live in folders that show its architecture (`experience/`, `step/`, `module/`, `checkpoints/`). An old
-path, in an import or in a config's `class_path`, would otherwise fail with a bare "No module named ...", or
-find an older copy of the file that an editable install still maps. `MOVED` maps each old module to its new
-one. `OldPathFinder`, which `exgrpo_pl/__init__.py` puts first on `sys.meta_path`, raises `ModuleMovedError`
-naming the new module for exactly those names (every other import passes it by), and `exgrpo_pl.cli` checks
-its config files and arguments against the same table before it parses them (`old_paths_in`).
+now live in folders that show its architecture (`experience/`, `step/`, `module/`, `checkpoints/`). `MOVED`
+maps each old module to its new one. `OldPathFinder`, which `exgrpo_pl/__init__.py` puts first on
+`sys.meta_path` (before a finder that could find an older copy of the file that an editable install still
+maps), answers exactly those names: until `REMOVED_IN` with a stand-in module that warns
+(`MovedModuleWarning`, a `DeprecationWarning` shown by default, as Lightning shows its own) and hands out the
+new module's names, and from that version on with `ModuleMovedError`. `exgrpo_pl.cli` checks its config files
+and arguments against the same table before it parses them (`old_paths_in`), so a config's old `class_path`
+is named with its file and line.
 
 `exgrpo_pl.module` is not in the table: it is the module's folder now, and `ExGRPOModule` and `ReplayMixin`
 import from it as before (the rest of the old module.py is in `exgrpo_pl.module.grpo`).
@@ -14,8 +16,13 @@ import from it as before (the rest of the old module.py is in `exgrpo_pl.module.
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.metadata
+import importlib.util
 import re
 import sys
+import warnings
 
 MOVED = {
     "exgrpo_pl.buffer": "exgrpo_pl.experience.buffer",
@@ -66,6 +73,37 @@ SHORTER = {
 }
 """Old module -> where its public names import from, where that is not (only) the new module."""
 
+ELSEWHERE = {"exgrpo_pl.rollout": ["exgrpo_pl.engines.generation"]}
+"""Old module -> the modules that hold the names it had and its new module has not."""
+
+REMOVED_IN = "0.3.0"
+"""The first version of exgrpo-pl in which an old path is an error, not a warning."""
+
+
+def _installed_version() -> str:
+    try:
+        return importlib.metadata.version("exgrpo-pl")
+    except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, never installed
+        return "0"
+
+
+VERSION = _installed_version()
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """'0.3.0rc1' -> (0, 3, 0): a pre-release of the version that removes the old paths removes them too."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def removed() -> bool:
+    """Whether this version of exgrpo-pl has removed the old paths (`REMOVED_IN` or later)."""
+    return _release(VERSION) >= _release(REMOVED_IN)
+
+
+class MovedModuleWarning(DeprecationWarning):
+    """An old module path was used; it works until `REMOVED_IN`. Shown by default (`install`)."""
+
+
 _DOTTED = re.compile(r"(?<![\w.])exgrpo_pl(?:\.\w+)+")
 
 
@@ -82,24 +120,63 @@ class ModuleMovedError(ModuleNotFoundError):
 
 
 def moved_message(old: str) -> str:
-    """'exgrpo_pl.buffer moved to exgrpo_pl.experience.buffer; TrajectoryBuffer imports from ...'."""
-    return "; ".join([f"{old} moved to {MOVED[old]}", *([SHORTER[old]] if old in SHORTER else [])])
+    """'exgrpo_pl.buffer moved to exgrpo_pl.experience.buffer; TrajectoryBuffer imports from ... (the old
+    path ...)', saying whether the old path still works."""
+    when = "was removed in" if removed() else "is deprecated and is removed in"
+    parts = [f"{old} moved to {MOVED[old]}", *([SHORTER[old]] if old in SHORTER else [])]
+    return f"{'; '.join(parts)} (the old path {when} exgrpo-pl {REMOVED_IN})"
 
 
 class OldPathFinder:
-    """A `sys.meta_path` finder that raises `ModuleMovedError` for the old modules and finds nothing else."""
+    """A `sys.meta_path` finder for the old modules only: a stand-in module that warns (`_OldPathLoader`), or
+    `ModuleMovedError` once they are removed."""
 
     def find_spec(self, fullname: str, path=None, target=None):
-        if fullname in MOVED:
+        if fullname not in MOVED:
+            return None
+        if removed():
             raise ModuleMovedError(fullname)
-        return None
+        return importlib.util.spec_from_loader(fullname, _OldPathLoader())
+
+
+class _OldPathLoader(importlib.abc.Loader):
+    """Makes an old module a stand-in that warns once, when imported, and looks every name up in the new
+    module (then in `ELSEWHERE`'s), so `from exgrpo_pl.buffer import TrajectoryBuffer` and a config's
+    `class_path: exgrpo_pl.buffer.TrajectoryBuffer` give the class itself."""
+
+    def create_module(self, spec):
+        return None  # the default module, filled by exec_module
+
+    def exec_module(self, module) -> None:
+        old = module.__name__
+        # stacklevel 2: the first frame outside importlib's own, the importing line.
+        warnings.warn(moved_message(old), MovedModuleWarning, stacklevel=2)
+        sources = [importlib.import_module(name) for name in [MOVED[old], *ELSEWHERE.get(old, [])]]
+
+        def __getattr__(name: str):
+            for source in sources:
+                if hasattr(source, name):
+                    return getattr(source, name)
+            raise AttributeError(f"module {old!r} (now {MOVED[old]}) has no attribute {name!r}")
+
+        module.__getattr__ = __getattr__
+        module.__all__ = sorted({name for source in sources for name in _public(source)})
+
+
+def _public(module) -> list[str]:
+    return getattr(module, "__all__", None) or [
+        name for name, value in vars(module).items()
+        if not name.startswith("_") and getattr(value, "__module__", None) == module.__name__
+    ]  # fmt: skip
 
 
 def install() -> None:
     """Put an `OldPathFinder` first on `sys.meta_path` (once): before the finders that could find an older
-    copy of an old module, such as an editable install's."""
+    copy of an old module, such as an editable install's; and show `MovedModuleWarning` by default, which
+    Python would hide outside `__main__` as it hides every `DeprecationWarning`."""
     if not any(isinstance(finder, OldPathFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, OldPathFinder())
+        warnings.simplefilter("default", MovedModuleWarning)
 
 
 def old_paths_in(text: str) -> list[tuple[str, str]]:

@@ -2,6 +2,7 @@
 checkpoints are kill-proof by default, saved when a run stops and found by `--ckpt_path last`."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,11 +11,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
+from exgrpo_pl import moved
+from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.cli import ExGRPOCLI, main
 from exgrpo_pl.data import PromptDataModule
+from exgrpo_pl.experience import TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.moved import ModuleMovedError
+from exgrpo_pl.moved import REMOVED_IN, ModuleMovedError, MovedModuleWarning
 
 
 @pytest.fixture
@@ -145,30 +149,62 @@ def test_an_invalid_callback_option_is_the_error_alone(tiny_args, option, messag
     assert raised.value.__cause__ is None and raised.value.__suppress_context__  # no union dump above it
 
 
-def test_a_config_with_an_old_module_path_stops_before_anything_is_built(tiny_args, tmp_path):
-    """A config of the flat layout: one error lists each old path with its file and line (or argument) and
-    the new path, before parsing; jsonargparse would bury the first one in its dump of the types it tried."""
-    config = tmp_path / "old.yaml"
-    config.write_text(
-        "# exgrpo_pl.strategies.check_strategy completes DeepSpeed's config (a comment: not read)\n"
-        "trainer:\n"
-        "  callbacks:\n"
-        "    - class_path: exgrpo_pl.callbacks.ReplayCallback\n"
-        "      init_args:\n"
-        "        buffer: {class_path: exgrpo_pl.buffer.TrajectoryBuffer}  # exgrpo_pl.update: not read\n"
-        "    - class_path: exgrpo_pl.checkpointing.SafeModelCheckpoint\n"
-    )
-    plugin = "--trainer.plugins=exgrpo_pl.checkpointing.AtomicCheckpointIO"
-    with pytest.raises(ModuleMovedError) as raised:
-        main(["fit", "--config", str(config), *tiny_args, plugin])
+OLD_CONFIG = (
+    "# exgrpo_pl.strategies.check_strategy completes DeepSpeed's config (a comment: not read)\n"
+    "trainer:\n"
+    "  callbacks:\n"
+    "    - class_path: exgrpo_pl.callbacks.ReplayCallback\n"
+    "      init_args:\n"
+    "        buffer: {class_path: exgrpo_pl.buffer.TrajectoryBuffer}  # exgrpo_pl.update: not read\n"
+    "    - class_path: exgrpo_pl.checkpointing.SafeModelCheckpoint\n"
+)
+OLD_PLUGIN = "--trainer.plugins=exgrpo_pl.checkpointing.AtomicCheckpointIO"
+
+
+def old_path_lines(config, when):
     checkpoints = "AtomicCheckpointIO and SafeModelCheckpoint import from exgrpo_pl.checkpoints"
+    return [
+        f"  {config}, line 6: exgrpo_pl.buffer.TrajectoryBuffer: exgrpo_pl.buffer moved to "
+        f"exgrpo_pl.experience.buffer; TrajectoryBuffer imports from exgrpo_pl.experience ({when})",
+        f"  {config}, line 7: exgrpo_pl.checkpointing.SafeModelCheckpoint: exgrpo_pl.checkpointing moved to "
+        f"exgrpo_pl.checkpoints.saving; {checkpoints} ({when})",
+        f"  argument {OLD_PLUGIN!r}: exgrpo_pl.checkpointing.AtomicCheckpointIO: exgrpo_pl.checkpointing "
+        f"moved to exgrpo_pl.checkpoints.saving; {checkpoints} ({when})",
+    ]
+
+
+@pytest.mark.parametrize("name", ["old.yaml", "old.cfg", "old_config"])
+def test_a_config_with_old_module_paths_runs_with_one_warning_naming_each(tiny_args, tmp_path, name):
+    """A config of the flat layout, whatever its file's name: one warning lists each old path with its file
+    and line (or argument) and the new path, and the run is built with the classes the old paths name."""
+    config = tmp_path / name
+    config.write_text(OLD_CONFIG)
+    with pytest.warns(MovedModuleWarning) as record:
+        trainer = _cli(tiny_args, "--config", str(config), OLD_PLUGIN).trainer
+    assert str(record[0].message).splitlines() == [
+        "exgrpo_pl's modules moved into folders; these old paths still work, with a warning:",
+        *old_path_lines(config, f"the old path is deprecated and is removed in exgrpo-pl {REMOVED_IN}"),
+    ]
+    assert len([w for w in record if issubclass(w.category, MovedModuleWarning)]) == 1
+    (replay,) = [c for c in trainer.callbacks if isinstance(c, ReplayCallback)]
+    assert type(replay.buffer) is TrajectoryBuffer
+    assert type(trainer.checkpoint_callback) is SafeModelCheckpoint
+    assert type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO
+
+
+@pytest.mark.parametrize("name", ["old.yaml", "old.cfg"])
+def test_after_the_removal_an_old_path_in_a_config_is_a_short_error(tiny_args, tmp_path, monkeypatch, name):
+    """Before parsing, whatever the file's name: jsonargparse would bury the first path alone in kilobytes of
+    the types it tried."""
+    monkeypatch.setattr(moved, "VERSION", REMOVED_IN)
+    for old in ("exgrpo_pl.buffer", "exgrpo_pl.checkpointing"):
+        monkeypatch.delitem(sys.modules, old, raising=False)
+    config = tmp_path / name
+    config.write_text(OLD_CONFIG)
+    with pytest.raises(ModuleMovedError) as raised:
+        main(["fit", "--config", str(config), *tiny_args, OLD_PLUGIN])
     assert str(raised.value).splitlines() == [
         "exgrpo_pl's modules moved into folders; update these paths:",
-        f"  {config}, line 6: exgrpo_pl.buffer.TrajectoryBuffer: exgrpo_pl.buffer moved to "
-        "exgrpo_pl.experience.buffer; TrajectoryBuffer imports from exgrpo_pl.experience",
-        f"  {config}, line 7: exgrpo_pl.checkpointing.SafeModelCheckpoint: exgrpo_pl.checkpointing moved to "
-        f"exgrpo_pl.checkpoints.saving; {checkpoints}",
-        f"  argument {plugin!r}: exgrpo_pl.checkpointing.AtomicCheckpointIO: exgrpo_pl.checkpointing moved "
-        f"to exgrpo_pl.checkpoints.saving; {checkpoints}",
+        *old_path_lines(config, f"the old path was removed in exgrpo-pl {REMOVED_IN}"),
     ]
     assert not (tmp_path / "lightning_logs").exists()

@@ -115,3 +115,10 @@ def test_what_counts_as_a_local_path(name, local, tmp_path, monkeypatch):
     (tmp_path / "org").mkdir()
     (tmp_path / "org" / "model").mkdir()
     assert is_local_path("org/model")  # exists on disk: local, as transformers would take it too
+
+
+def test_a_lora_adapter_folder_says_how_to_get_a_whole_model(tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    expected = r"not a model \(it holds adapter_config.json\); it is a LoRA adapter: export the run with"
+    with pytest.raises(ValueError, match=expected):
+        resolve_model_path(str(tmp_path))
