@@ -118,6 +118,12 @@ class ReplayCallback(Callback):
 
     # ------------------------------------------------------------------------------ decisions
     @property
+    def hparams(self) -> dict[str, Any]:
+        """The options of the callback, its buffer, bucketer and sampler, flat (`replay_checks.options`); the
+        module shows them beside its own in TensorBoard's HParams tab."""
+        return replay_checks.options(self)
+
+    @property
     def defers(self) -> bool:
         """Whether displaced fresh questions come back (`displaced_questions="defer"`), read when used, so an
         option set after construction counts."""
