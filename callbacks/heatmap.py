@@ -30,7 +30,7 @@ def heatmap_counts(
 
     Returns:
         `(counts, edges)`: int64 `[entropy_bins, num_tiers]` counts, row 0 the lowest entropies, and the
-        `[entropy_bins + 1]` edges (one value: a bin of width 1 around it).
+            `[entropy_bins + 1]` edges (one value: a bin of width 1 around it).
     """
     tiers = tier_of(torch.from_numpy(np.asarray(rates, dtype=np.float64)), num_tiers).numpy()
     low, high = float(entropy.min()), float(entropy.max())
