@@ -29,18 +29,18 @@ def problems() -> list[str]:
 
     class Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            message = record.getMessage()
-            if "No type or annotation" not in message:  # types come from the signatures
-                found.append(message)
+            found.append(record.getMessage())
 
     handler = Collect(logging.WARNING)
     griffe_log = logging.getLogger("griffe")
     griffe_log.addHandler(handler)
+    propagate, griffe_log.propagate = griffe_log.propagate, False  # each problem reported once, below
     try:
         package = griffe.load(
             "exgrpo_pl",
             search_paths=[str(ROOT)],
             docstring_parser="google",
+            docstring_options={"warn_missing_types": False},  # as mkdocs.yml: types come from signatures
             extensions=griffe.load_extensions(CallbacksPackage),
             resolve_aliases=False,
         )
@@ -53,6 +53,7 @@ def problems() -> list[str]:
                     )
     finally:
         griffe_log.removeHandler(handler)
+        griffe_log.propagate = propagate
     return found
 
 
