@@ -583,20 +583,21 @@ def _plot_diagnostics(runs_by_variant: dict, path: Path, task: str) -> None:
     shown = [n for n in ("ExGRPO paper", "ExGRPO seed") if n in runs_by_variant]
     if not shown:
         return
-    fig, axes = plt.subplots(len(shown), 3, figsize=(14, 3.4 * len(shown)), squeeze=False)
+    # 11 inches at 100 dpi: shown about 900 px wide in the docs' column, the 8-10 pt text stays about 9-11 px.
+    fig, axes = plt.subplots(len(shown), 3, figsize=(11, 3.6 * len(shown)), squeeze=False)
     for row, name in zip(axes, shown):
         diagnostics = _lowest_seed(runs_by_variant[name])["diagnostics"]
         if diagnostics["buckets"]:
             steps = [s for s, _ in diagnostics["buckets"]]
             counts = np.array([c for _, c in diagnostics["buckets"]]).T  # [K+1, points]
             row[0].stackplot(steps, counts, labels=[f"{k} correct" for k in range(len(counts))])
-            row[0].legend(fontsize=6, ncol=3, loc="upper left")
+            row[0].legend(fontsize=8, ncol=3, loc="upper left")
         if diagnostics.get("retired"):  # runs made before this diagnostic have none
             steps, retired, out = zip(*diagnostics["retired"])
             row[0].plot(steps, retired, color="black", label="retired")
             row[0].plot(steps, out, color="black", linestyle="--", label="out of the fresh stream")
-            row[0].legend(fontsize=6, ncol=3, loc="upper left")
-        row[0].set_title(f"{name}: questions in play per bucket, and retired", fontsize=9)
+            row[0].legend(fontsize=8, ncol=3, loc="upper left")
+        row[0].set_title(f"{name}:\nquestions in play per bucket, and retired", fontsize=10)
         row[0].set_xlabel("step")
         families = sorted({f for _, _, fam in diagnostics["replayed"] for f in fam})
         windows: dict[int, Counter] = {}
@@ -606,16 +607,17 @@ def _plot_diagnostics(runs_by_variant: dict, path: Path, task: str) -> None:
             starts = sorted(windows)
             share = np.array([[windows[s][f] / sum(windows[s].values()) for s in starts] for f in families])
             row[1].stackplot(starts, share, labels=families)
-            row[1].legend(fontsize=6, ncol=2, loc="upper left")
-        row[1].set_title(f"{name}: families of replayed questions (per 40 steps)", fontsize=9)
+            row[1].legend(fontsize=8, ncol=2, loc="upper left")
+        row[1].set_title(f"{name}:\nfamilies of replayed questions (per 40 steps)", fontsize=10)
         row[1].set_xlabel("step")
         per_question = diagnostics["replays_per_question"]
         if per_question:
             row[2].hist(per_question, bins=range(1, max(per_question) + 2), log=True)
         row[2].set_title(
-            f"{name}: replays per question ({diagnostics['distinct_questions']} distinct)", fontsize=9
+            f"{name}:\nreplays per question ({diagnostics['distinct_questions']} distinct)", fontsize=10
         )
-    fig.suptitle(f"{task} task: what replay did (seed {_lowest_seed(runs_by_variant[shown[0]])['seed']})")
+    seed = _lowest_seed(runs_by_variant[shown[0]])["seed"]
+    fig.suptitle(f"{task} task: what replay did (seed {seed})", fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -27,17 +27,16 @@ from torch.utils.tensorboard.summary import image as image_summary
 from typing_extensions import override
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.callbacks.heatmap import draw_heatmap, heatmap_counts
 from exgrpo_pl.callbacks.replay import ReplayCallback
 from exgrpo_pl.experience.difficulty import tier_of
 from exgrpo_pl.validation import check_number
 
-_HEATMAP_TAG = "monitor/difficulty_entropy_heatmap"
-_ENTROPY_BINS = 10  # rows of the difficulty x entropy heatmap
-HEATMAP_CELL = (24, 40)  # heatmap pixels per (entropy bin, tier) cell
-HEATMAP_BAR = (8, 12)  # pixels of the white gap and of the colour bar right of the heatmap
-# Viridis (matplotlib's values at 0, 1/4, 1/2, 3/4, 1), interpolated linearly in between: dark is few.
-_COLORMAP = np.array(
-    [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=np.float64
+HEATMAP_TAG = "monitor/difficulty_entropy_heatmap"
+ENTROPY_BINS = 10  # rows of the difficulty x entropy heatmap
+_NO_MATPLOTLIB = (
+    "DifficultyMonitor: the heatmap (monitor/difficulty_entropy_heatmap) is drawn with matplotlib, which is "
+    "not installed; `pip install 'exgrpo-pl[viz]'` adds it. The other statistics are logged without it"
 )
 _MAX_CELL_CHARS = 300  # completion-table cells are cut to this many characters
 
@@ -52,17 +51,16 @@ class DifficultyMonitor(Callback):
       included), `monitor/entropy` (mean token entropy of each buffered trajectory at collection),
       `monitor/staleness` (`global_step - policy_version` of each buffered trajectory) and, with more than one
       domain, `monitor/correctness_rate/<domain>` (the domain's non-retired questions);
-    - scalars `monitor/tier_{i}` (known questions per difficulty tier), `monitor/entropy_band_{i}` (buffered
-      trajectories per band between the buffer's `entropy_percentiles` of the pooled entropies, a band
-      including its upper edge), `monitor/retired` (distinct retired questions), `monitor/buffer_size` and
-      `monitor/replay_fraction` (share of the latest step's rows that came from the buffer).
+    - scalars `monitor/tier_{i}` (known questions per difficulty tier), `monitor/entropy_p{p}` (the `p`-th
+      percentile of the pooled entropies, for each of the buffer's `entropy_percentiles`: the edges of the
+      entropy bands that selection reads), `monitor/retired` (distinct retired questions) and
+      `monitor/buffer_size`;
+    - the image `monitor/difficulty_entropy_heatmap`: the buffered trajectories counted by their question's
+      tier (x, hardest left) and their entropy (y, `ENTROPY_BINS` equal bins, lowest at the bottom), with
+      tick labels, each cell's count and a colour bar, drawn with matplotlib (`callbacks/heatmap.py`; without
+      matplotlib it warns once and logs the rest).
 
-    At the end of each training epoch it logs `monitor/difficulty_entropy_heatmap`, an image of the buffered
-    trajectories counted by their question's tier (x, hardest left) and their entropy (y, lowest at the
-    bottom), brighter for more, with a colour bar on the right (the image's description in TensorBoard says
-    so), and a text of the same name with that epoch's entropy range and largest count. It needs nothing
-    beyond numpy. Every
-    `completion_table_every_n_steps` steps it logs `monitor/completions`, a Markdown table of
+    Every `completion_table_every_n_steps` steps it logs `monitor/completions`, a Markdown table of
     `completion_samples` random rows of global rank 0's latest rollouts.
 
     Scalars go to every logger; histograms, images and text only to TensorBoard loggers (with none, it warns
@@ -99,6 +97,7 @@ class DifficultyMonitor(Callback):
         self._last_stats_step = -1
         self._last_table_step = -1
         self._warned: set[str] = set()
+        self._can_draw = False  # setup() decides: a TensorBoard logger, a buffer, matplotlib
         self._rng = np.random.default_rng(0)  # private: sampling table rows must not move training's RNG
 
     # ---------------------------------------------------------------------------------------- hooks
@@ -114,7 +113,11 @@ class DifficultyMonitor(Callback):
                 "DifficultyMonitor: no ReplayCallback among the trainer's callbacks; the buffer and the "
                 "bucketer live there, so only the completion table is logged",
             )
-        if trainer.loggers and not _tensorboard_writers(trainer):
+        writers = _tensorboard_writers(trainer)
+        self._can_draw = bool(writers) and self._replay is not None and _has_matplotlib()
+        if writers and self._replay is not None and not self._can_draw:
+            self._warn_once("no_matplotlib", _NO_MATPLOTLIB)
+        if trainer.loggers and not writers:
             self._warn_once(
                 "no_tensorboard",
                 "DifficultyMonitor: histograms, images and text need a TensorBoardLogger; with the loggers "
@@ -142,31 +145,6 @@ class DifficultyMonitor(Callback):
                 self._log_completions(trainer, self._latest, step)
 
     @override
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._replay is None or not _tensorboard_writers(trainer):
-            return
-        buffer = self._replay.buffer
-        parts = _gather((buffer.rates().numpy(), buffer.entropies().numpy()))
-        if not trainer.is_global_zero:
-            return
-        rates = np.concatenate([p[0] for p in parts]).astype(np.float64)
-        entropy = np.concatenate([p[1] for p in parts]).astype(np.float64)
-        known = ~np.isnan(rates)  # trajectories of questions the bucketer no longer knows have no tier
-        if not known.any():
-            return
-        image, scale = self._heatmap(rates[known], entropy[known])
-        description = (
-            f"Replay buffer. x: question correctness rate in {self.num_tiers} equal-width tiers, 0 (left, "
-            f"hardest) to 1 (right). y: trajectory mean token entropy in {_ENTROPY_BINS} equal bins from the "
-            "epoch's lowest (bottom) to its highest (top). Colour: trajectories per cell, 0 (dark) to the "
-            "epoch's largest count (bright), as the bar on the right. The text of the same name gives the "
-            "numbers."
-        )
-        for writer in _tensorboard_writers(trainer):
-            _add_image(writer, _HEATMAP_TAG, image, trainer.global_step, description)
-            writer.add_text(_HEATMAP_TAG, scale, trainer.global_step)
-
-    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._latest = None  # do not keep the last batch's tensors alive after fit
 
@@ -177,16 +155,14 @@ class DifficultyMonitor(Callback):
         buffer = self._replay.buffer
         bucketer = buffer.bucketer
         ids = bucketer.known_questions()
-        latest = self._latest
         local = {
             "question_ids": ids.numpy(),
             "rates": bucketer.rates(ids).numpy(),
             "by_domain": {name: r.numpy() for name, r in bucketer.rates_by_domain().items()},
             "retired": sorted(bucketer.retired),
             "entropy": buffer.entropies().numpy(),
+            "trajectory_rates": buffer.rates().numpy(),
             "staleness": buffer.staleness(step).numpy(),
-            "replayed": 0 if latest is None else int(latest.replayed.sum()),
-            "rows": 0 if latest is None else len(latest),
         }
         parts = _gather(local)
         if not trainer.is_global_zero:
@@ -194,29 +170,27 @@ class DifficultyMonitor(Callback):
         rates = _pooled_question_rates(parts)
         entropy = np.concatenate([p["entropy"] for p in parts]).astype(np.float64)
         staleness = np.concatenate([p["staleness"] for p in parts]).astype(np.float64)
-        rows = sum(p["rows"] for p in parts)
 
         tiers = tier_of(torch.from_numpy(rates), self.num_tiers)
         tier_counts = torch.bincount(tiers, minlength=self.num_tiers).tolist()
         scalars = {f"monitor/tier_{i}": float(c) for i, c in enumerate(tier_counts)}
-        percentiles = buffer.entropy_percentiles
-        bands = np.zeros(len(percentiles) + 1, dtype=np.int64)
-        if entropy.size:
-            edges = np.percentile(entropy, percentiles)
-            bands = np.bincount(np.searchsorted(edges, entropy, side="left"), minlength=len(bands))
-        scalars.update({f"monitor/entropy_band_{i}": float(c) for i, c in enumerate(bands.tolist())})
+        if entropy.size:  # the band edges: the band counts are the percentiles' shares by construction
+            percentiles = buffer.entropy_percentiles
+            for percentile, edge in zip(percentiles, np.percentile(entropy, percentiles)):
+                scalars[f"monitor/entropy_p{percentile:g}"] = float(edge)
         scalars["monitor/retired"] = float(len({q for p in parts for q in p["retired"]}))
         scalars["monitor/buffer_size"] = float(entropy.size)
-        if rows:
-            scalars["monitor/replay_fraction"] = sum(p["replayed"] for p in parts) / rows
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
 
+        writers = _tensorboard_writers(trainer)
+        if writers and self._can_draw:
+            self._log_heatmap(writers, parts, step)
         by_domain: dict[str, list[np.ndarray]] = {}
         for p in parts:
             for name, values in p["by_domain"].items():
                 by_domain.setdefault(name, []).append(values)
-        for writer in _tensorboard_writers(trainer):
+        for writer in writers:
             _histogram(writer, "monitor/correctness_rate", rates, step)
             _histogram(writer, "monitor/entropy", entropy, step)
             _histogram(writer, "monitor/staleness", staleness, step)
@@ -224,21 +198,23 @@ class DifficultyMonitor(Callback):
                 for name, values in sorted(by_domain.items()):
                     _histogram(writer, f"monitor/correctness_rate/{name}", np.concatenate(values), step)
 
-    def _heatmap(self, rates: np.ndarray, entropy: np.ndarray) -> tuple[np.ndarray, str]:
-        """`[H, W, 3]` uint8 picture of trajectory counts per (tier, entropy bin), and its scale in words."""
-        tiers = tier_of(torch.from_numpy(rates), self.num_tiers).numpy()
-        low, high = float(entropy.min()), float(entropy.max())
-        if high <= low:  # one value: give the single bin some height
-            low, high = low - 0.5, high + 0.5
-        edges = np.linspace(low, high, _ENTROPY_BINS + 1)
-        bins = np.clip(np.searchsorted(edges, entropy, side="right") - 1, 0, _ENTROPY_BINS - 1)
-        counts = np.zeros((_ENTROPY_BINS, self.num_tiers), dtype=np.int64)  # [entropy bin, tier]
-        np.add.at(counts, (bins, tiers), 1)
-        scale = (
-            f"{int(counts.sum())} trajectories; entropy {low:.4g} (bottom) to {high:.4g} (top); the "
-            f"brightest cell holds {int(counts.max())}"
+    def _log_heatmap(self, writers: list[Any], parts: list[dict], step: int) -> None:
+        """Draw `HEATMAP_TAG` from the pooled buffer: trajectories of questions the bucketer still knows."""
+        rates = np.concatenate([p["trajectory_rates"] for p in parts]).astype(np.float64)
+        entropy = np.concatenate([p["entropy"] for p in parts]).astype(np.float64)
+        known = ~np.isnan(rates)  # a trajectory whose question the bucketer forgot has no tier
+        if not known.any():
+            return
+        counts, edges = heatmap_counts(rates[known], entropy[known], self.num_tiers, ENTROPY_BINS)
+        title = f"replay buffer at step {step}: {int(counts.sum())} trajectories"
+        image = draw_heatmap(counts, edges, title)
+        description = (
+            f"Replay buffer trajectories per cell. x: question correctness rate in {self.num_tiers} "
+            f"equal-width tiers (hardest left); y: trajectory mean token entropy in {ENTROPY_BINS} equal "
+            "bins between the step's lowest and highest; colour and number: trajectories per cell."
         )
-        return heatmap_image(counts), scale
+        for writer in writers:
+            _add_image(writer, HEATMAP_TAG, image, step, description)
 
     # ----------------------------------------------------------------------------------- completions
     def _log_completions(self, trainer: Trainer, rollouts: RolloutBatch, step: int) -> None:
@@ -266,31 +242,6 @@ class DifficultyMonitor(Callback):
             rank_zero_warn(message)
 
 
-def heatmap_image(counts: np.ndarray) -> np.ndarray:
-    """`[H, W, 3]` uint8 picture of `counts` `[rows, columns]`: row 0 at the bottom, brighter for more.
-
-    Each cell is a block of `HEATMAP_CELL` pixels coloured by `counts / counts.max()` through `_COLORMAP`,
-    with a one-pixel white line between columns; a colour bar (0 at the bottom, the largest count at the top)
-    stands on the right. Plain numpy, so the dashboard needs no plotting library.
-    """
-    rows = counts.shape[0]
-    cells = _colour(counts[::-1] / max(int(counts.max()), 1))  # [rows, columns, 3], top row first
-    image = np.repeat(np.repeat(cells, HEATMAP_CELL[0], axis=0), HEATMAP_CELL[1], axis=1)  # [H, cols * w, 3]
-    image[:, HEATMAP_CELL[1] :: HEATMAP_CELL[1]] = 255  # column separators
-    height = rows * HEATMAP_CELL[0]
-    gap = np.full((height, HEATMAP_BAR[0], 3), 255.0)
-    bar = np.repeat(_colour(np.linspace(1.0, 0.0, height))[:, None], HEATMAP_BAR[1], axis=1)  # [H, w, 3]
-    return np.concatenate([image, gap, bar], axis=1).round().astype(np.uint8)
-
-
-def _colour(values: np.ndarray) -> np.ndarray:
-    """`[..., 3]` RGB of `values` in [0, 1] through `_COLORMAP`."""
-    position = values * (len(_COLORMAP) - 1)
-    low = np.clip(np.floor(position).astype(np.int64), 0, len(_COLORMAP) - 2)
-    frac = (position - low)[..., None]
-    return _COLORMAP[low] * (1 - frac) + _COLORMAP[low + 1] * frac
-
-
 def _add_image(writer: Any, tag: str, image: np.ndarray, step: int, description: str) -> None:
     """`writer.add_image`, with `description` in the image's metadata when the writer is torch's.
 
@@ -303,6 +254,14 @@ def _add_image(writer: Any, tag: str, image: np.ndarray, step: int, description:
     summary = image_summary(tag, image, dataformats="HWC")
     summary.value[0].metadata.summary_description = description
     writer._get_file_writer().add_summary(summary, step)  # what add_image does, plus the description
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _tensorboard_writers(trainer: Trainer) -> list[Any]:

@@ -118,6 +118,12 @@ class ReplayCallback(Callback):
 
     # ------------------------------------------------------------------------------ decisions
     @property
+    def hparams(self) -> dict[str, Any]:
+        """The options of the callback, its buffer, bucketer and sampler, flat (`replay_checks.options`); the
+        module shows them beside its own in TensorBoard's HParams tab."""
+        return replay_checks.options(self)
+
+    @property
     def defers(self) -> bool:
         """Whether displaced fresh questions come back (`displaced_questions="defer"`), read when used, so an
         option set after construction counts."""
@@ -264,9 +270,13 @@ class ReplayCallback(Callback):
         if not writes_step_metrics(trainer):  # only when a logger will see it: tier counts scan the buffer
             return
         replayed = rollouts.replayed
+        questions = rollouts.question_ids.unique().numel()
         metrics = {
             "replay/active": float(self.replay_active(trainer)),
-            "replay/fraction": replayed.float().mean().item(),
+            # A mixed group is one stored row and K-1 fresh ones: the share of questions is what mix_fraction
+            # sets, the share of rows what the loss sees.
+            "replay/question_fraction": rollouts.question_ids[replayed].unique().numel() / max(questions, 1),
+            "replay/row_fraction": replayed.float().mean().item(),
             "replay/buffer_size": float(len(self.buffer)),
             "replay/retired": float(len(self.buffer.bucketer.retired)),
             "replay/fallback_steps": float(self.fallback_steps),

@@ -13,6 +13,7 @@ a checkpoint file, and warns listing each option whose value differs from the ch
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from pathlib import Path
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from exgrpo_pl.checkpoints.export import main as export_main
@@ -38,7 +41,8 @@ class ExGRPOCLI(LightningCLI):
     Lightning's default `TorchCheckpointIO`; any other CheckpointIO, set as a plugin or on the strategy, is
     kept) and, when no checkpoint callback is configured, saves them with `SafeModelCheckpoint(save_last=
     "link")` (in place of Lightning's default `ModelCheckpoint()`), so a run saves when it ends and
-    `--ckpt_path last` finds the previous run's newest complete checkpoint.
+    `--ckpt_path last` finds the previous run's newest complete checkpoint. With no logger configured, it
+    logs with Lightning's default `TensorBoardLogger`, less its placeholder `hp_metric` chart.
 
     (The module itself checks the strategy against the trainer in `setup`, so plain `Trainer` runs get the
     same check.)
@@ -82,6 +86,12 @@ class ExGRPOCLI(LightningCLI):
         checkpointing = trainer_config.get("enable_checkpointing") is not False
         if checkpointing and not any(isinstance(callback, Checkpoint) for callback in callbacks):
             kwargs["callbacks"] = [*callbacks, SafeModelCheckpoint(save_last="link")]
+        if trainer_config.get("logger") in (None, True) and not trainer_config.get("barebones"):
+            # Lightning's default logger without its placeholder chart (`hp_metric`, -1 at step 0): the
+            # module writes the HParams entry with metrics that compare runs (module/hparams_tab.py).
+            root = os.path.normpath(os.path.expanduser(trainer_config.get("default_root_dir") or os.getcwd()))
+            job = SLURMEnvironment.job_id()  # Lightning's default logger's version
+            kwargs["logger"] = TensorBoardLogger(root, version=job, default_hp_metric=False)
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not a user's
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()

@@ -33,8 +33,10 @@ def check_number(
         owner: the class the option belongs to, for the message.
         name: the option's name.
         value: the value given.
-        low, high: the range's ends (None: unbounded on that side).
-        low_open, high_open: exclude that end.
+        low: the range's lower end (None: unbounded below).
+        high: the range's upper end (None: unbounded above).
+        low_open: exclude the lower end.
+        high_open: exclude the upper end.
         integer: the value must be an int.
         optional: None is allowed (and returned as is).
     """

@@ -1,17 +1,19 @@
-"""Dashboard "screenshots" for docs/dashboards.md, rendered headless from a run's TensorBoard event files.
+"""The pictures of docs/dashboards.md, drawn from a quickstart run's TensorBoard event files, headless.
 
-    exgrpo fit --config configs/quickstart.yaml
-    python scripts/dashboard_pngs.py          # latest lightning_logs/version_* -> docs/dashboards/
+    python scripts/dashboard_pngs.py                      # runs the quickstart, then draws (minutes)
     python scripts/dashboard_pngs.py --run-dir lightning_logs/version_3 --out /tmp/dashboards
 
-Writes, with matplotlib (no TensorBoard server, no display):
+Without `--run-dir` it runs `exgrpo fit --config configs/quickstart.yaml` in a temporary directory with
+ATen's portable kernels (the README's first quickstart sentence, which `scripts/check_quickstart.py` holds to
+the current code), and draws from that run. Writes, with matplotlib (no TensorBoard server, no display):
 
-- scalars.png: train/reward, val/pass@1, train/entropy and replay/fraction over optimizer steps (the raw
-  values faint, TensorBoard's exponential smoothing on top);
+- scalars.png: val/pass@1, train/reward, replay/question_fraction with replay/row_fraction, and
+  train/entropy over optimizer steps (the raw values faint, TensorBoard's exponential smoothing on top);
 - monitor_histograms.png: the last monitor/correctness_rate, monitor/entropy and monitor/staleness
   histograms that `DifficultyMonitor` logged;
-- heatmap.png: the last monitor/difficulty_entropy_heatmap image, decoded from its PNG bytes, with the axes
-  and scale its description and text give.
+- heatmap.png: the last monitor/difficulty_entropy_heatmap image, as TensorBoard shows it;
+- run.json: what the pictures were drawn from (the run's scalar and image tags, its validation curve and
+  last step), which tests/scripts/test_dashboard_pngs.py holds to the README's quickstart sentence.
 
 `--run-dir` is one version_N folder or a folder of them (the highest-numbered one with event files is read).
 Exits with status 1, after writing what it could, when the run lacks what a picture needs (a run without a
@@ -21,9 +23,11 @@ Exits with status 1, after writing what it could, when the run lacks what a pict
 from __future__ import annotations
 
 import argparse
-import io
-import re
+import json
+import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -33,26 +37,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-# The monitor's pixels per heatmap cell and of the gap and colour bar right of it: where the tiers are.
-from exgrpo_pl.callbacks.monitor import HEATMAP_BAR, HEATMAP_CELL  # noqa: E402
+from exgrpo_pl.callbacks.monitor import HEATMAP_TAG  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# (tags drawn together, the y axis's label); the first tag of a panel is its title.
 SCALARS = (
-    ("train/reward", "training reward (mean over rollouts)"),
-    ("val/pass@1", "validation pass@1"),
-    ("train/entropy", "mean token entropy of the trained rows"),
-    ("replay/fraction", "share of trained rows that were replayed"),
+    (("val/pass@1",), "validation pass@1"),
+    (("train/reward",), "training reward (mean over rollouts)"),
+    (("replay/question_fraction", "replay/row_fraction"), "replayed share of the step"),
+    (("train/entropy",), "mean token entropy of the trained rows"),
 )
+COLOURS = ("tab:orange", "tab:purple")
 HISTOGRAMS = (
     ("monitor/correctness_rate", "correctness rate per known question"),
     ("monitor/entropy", "entropy per buffered trajectory"),
     ("monitor/staleness", "age per buffered trajectory (steps)"),
-)
-HEATMAP = "monitor/difficulty_entropy_heatmap"
-# DifficultyMonitor's text beside each heatmap image.
-SCALE = re.compile(
-    r"(?P<rows>\d+) trajectories; entropy (?P<low>\S+) \(bottom\) to (?P<high>\S+) \(top\); "
-    r"the brightest cell holds (?P<max>\d+)"
 )
 SMOOTHING = 0.6  # TensorBoard's default
 DISPLAY_BINS = 30  # equal-width bins a histogram is drawn with, as in TensorBoard
@@ -96,28 +95,34 @@ def plot_scalars(events: EventAccumulator, path: Path, title: str, dpi: int) -> 
     available = set(events.Tags()["scalars"])
     missing = []
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5))
-    for ax, (tag, description) in zip(axes.flat, SCALARS):
-        ax.set_title(tag, fontsize=11, loc="left")
+    for ax, (tags, description) in zip(axes.flat, SCALARS):
+        ax.set_title(" and ".join(tags), fontsize=11, loc="left")
         ax.set_xlabel("optimizer step")
+        ax.set_ylabel(description, fontsize=9)
         ax.grid(alpha=0.3)
-        if tag not in available:
-            missing.append(tag)
+        missing += [tag for tag in tags if tag not in available]
+        if not set(tags) & available:
             ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
             continue
-        points = events.Scalars(tag)
-        steps = np.array([p.step for p in points])
-        values = np.array([p.value for p in points])
-        if tag.startswith("val/"):  # a handful of evaluations: show each one
-            ax.plot(steps, values, "o-", color="tab:blue", ms=4)
-        else:
-            ax.plot(steps, values, color="tab:orange", alpha=0.25, lw=1)
-            ax.plot(steps, smooth(values), color="tab:orange", lw=1.6)
-        ax.set_ylabel(description, fontsize=9)
+        for tag, colour in zip([t for t in tags if t in available], COLOURS):
+            steps, values = curve(events, tag)
+            if tag.startswith("val/"):  # a handful of evaluations: show each one
+                ax.plot(steps, values, "o-", color="tab:blue", ms=4)
+                continue
+            ax.plot(steps, values, color=colour, alpha=0.25, lw=1)
+            ax.plot(steps, smooth(values), color=colour, lw=1.6, label=tag)
+        if len(tags) > 1:
+            ax.legend(fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return missing
+
+
+def curve(events: EventAccumulator, tag: str) -> tuple[np.ndarray, np.ndarray]:
+    points = events.Scalars(tag)
+    return np.array([p.step for p in points]), np.array([p.value for p in points])
 
 
 def rebin(hist, bins: int = DISPLAY_BINS) -> tuple[np.ndarray, np.ndarray]:
@@ -165,75 +170,71 @@ def plot_histograms(events: EventAccumulator, path: Path, title: str, dpi: int) 
     return missing
 
 
-def save_heatmap(events: EventAccumulator, path: Path, title: str, dpi: int) -> list[str]:
-    """The last heatmap image as TensorBoard shows it, framed with the axes and scale that TensorBoard gives
-    in the image's description and in the text of the same name."""
-    if HEATMAP not in set(events.Tags()["images"]):
-        return [HEATMAP]
-    image = events.Images(HEATMAP)[-1]
-    pixels = plt.imread(io.BytesIO(image.encoded_image_string), format="png")
-    texts = f"{HEATMAP}/text_summary"  # where SummaryWriter.add_text puts the text of that name
-    scale = None
-    if texts in set(events.Tags()["tensors"]):
-        scale = next((t for t in events.Tensors(texts) if t.step == image.step), None)
-    numbers = SCALE.search(scale.tensor_proto.string_val[0].decode()) if scale is not None else None
-    if numbers is None:
-        print(f"heatmap.png: no scale text at step {image.step}, the axes show no numbers")
-    tiers = (pixels.shape[1] - sum(HEATMAP_BAR)) // HEATMAP_CELL[1]
-    fig, ax = plt.subplots(figsize=(5.2, 4.6))
-    ax.imshow(pixels, interpolation="nearest")
-    ax.set_xticks([(i + 0.5) * HEATMAP_CELL[1] for i in range(tiers)])
-    ax.set_xticklabels([f"{i / tiers:.1f}-{(i + 1) / tiers:.1f}" for i in range(tiers)], fontsize=8)
-    ax.set_xlabel("question correctness rate (tier)")
-    ax.set_yticks([pixels.shape[0] - 0.5, -0.5])
-    low, high, brightest = ("lowest", "highest", "most")
-    if numbers:
-        low, high, brightest = numbers["low"], numbers["high"], numbers["max"]
-    ax.set_yticklabels([low, high])
-    ax.set_ylabel("trajectory mean token entropy")
-    bar = pixels.shape[1] - HEATMAP_BAR[1] / 2
-    ax.text(bar, -2, brightest, ha="center", va="bottom", fontsize=9)
-    ax.text(bar, pixels.shape[0] + 1, "0", ha="center", va="top", fontsize=9)
-    count = f", {numbers['rows']} trajectories" if numbers else ""
-    ax.set_title(f"buffer at step {image.step}{count}", fontsize=10, loc="left", pad=14)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+def save_heatmap(events: EventAccumulator, path: Path) -> list[str]:
+    """The last heatmap image, byte for byte as TensorBoard shows it (the monitor draws its axes)."""
+    if HEATMAP_TAG not in set(events.Tags()["images"]):
+        return [HEATMAP_TAG]
+    path.write_bytes(events.Images(HEATMAP_TAG)[-1].encoded_image_string)
     return []
+
+
+def run_quickstart(directory: Path) -> Path:
+    """Runs the quickstart in `directory` with ATen's portable kernels; its version_0 folder."""
+    config = ROOT / "configs" / "quickstart.yaml"  # `exgrpo fit`, run by this Python
+    command = [sys.executable, "-m", "exgrpo_pl.cli", "fit", "--config", str(config),
+               f"--trainer.default_root_dir={directory}"]  # fmt: skip
+    print("running", " ".join(command), "(ATEN_CPU_CAPABILITY=default)")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    subprocess.run(command, cwd=directory, env=env, check=True)
+    return directory / "lightning_logs" / "version_0"
+
+
+def record(events: EventAccumulator) -> dict:
+    """What the pictures were drawn from: the tags, the validation curve, the last step."""
+    tags = events.Tags()
+    scalars = sorted(tags["scalars"])
+    steps, values = curve(events, "val/pass@1") if "val/pass@1" in scalars else ([], [])
+    return {
+        "command": "ATEN_CPU_CAPABILITY=default exgrpo fit --config configs/quickstart.yaml",
+        "scalars": scalars,
+        "histograms": sorted(tags["histograms"]),
+        "images": sorted(tags["images"]),
+        "val/pass@1": [[int(step), round(float(value), 6)] for step, value in zip(steps, values)],
+        "last_step": max(e.step for tag in scalars for e in events.Scalars(tag)),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--run-dir", type=Path, default=Path("lightning_logs"), help="default: lightning_logs"
-    )
+    parser.add_argument("--run-dir", type=Path, help="draw from this run; default: run the quickstart")
     parser.add_argument(
         "--out", type=Path, default=ROOT / "docs" / "dashboards", help="default: docs/dashboards"
     )
     parser.add_argument("--dpi", type=int, default=110)
     args = parser.parse_args(argv)
-    run_dir = args.run_dir
-    if not run_dir.is_absolute() and not run_dir.exists() and (ROOT / run_dir).exists():
-        run_dir = ROOT / run_dir  # called from elsewhere than the repository root
-    run = find_run(run_dir)
-    events = load_events(run)
-    args.out.mkdir(parents=True, exist_ok=True)
-    title = f"exgrpo-pl - {run.parent.name}/{run.name}"
+    with tempfile.TemporaryDirectory() as tmp:
+        run = find_run(args.run_dir) if args.run_dir else run_quickstart(Path(tmp))
+        return draw(run, args.out, args.dpi)
 
+
+def draw(run: Path, out: Path, dpi: int) -> int:
+    events = load_events(run)
+    out.mkdir(parents=True, exist_ok=True)
+    title = "exgrpo-pl quickstart (configs/quickstart.yaml)"
     print(f"read {run}")
     missing: list[str] = []
     for name, render, tags in (
-        ("scalars.png", lambda path: plot_scalars(events, path, title, args.dpi), SCALARS),
-        ("monitor_histograms.png", lambda path: plot_histograms(events, path, title, args.dpi), HISTOGRAMS),
-        ("heatmap.png", lambda path: save_heatmap(events, path, title, args.dpi), ((HEATMAP, ""),)),
+        ("scalars.png", lambda path: plot_scalars(events, path, title, dpi), SCALARS),
+        ("monitor_histograms.png", lambda path: plot_histograms(events, path, title, dpi), HISTOGRAMS),
+        ("heatmap.png", lambda path: save_heatmap(events, path), (HEATMAP_TAG,)),
     ):
-        lacking = render(args.out / name)
+        lacking = render(out / name)
         missing += lacking
         if len(lacking) < len(tags):
-            print(f"wrote {args.out / name}")
+            print(f"wrote {out / name}")
+    (out / "run.json").write_text(json.dumps(record(events), indent=1) + "\n")
     if missing:
         print(
             f"not in the run: {', '.join(missing)} (is a DifficultyMonitor among its callbacks?)",

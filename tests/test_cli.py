@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import DeepSpeedStrategy
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from exgrpo_pl import moved
 from exgrpo_pl.callbacks import ReplayCallback
@@ -32,10 +33,15 @@ def tiny_args(tiny_model_dir, tmp_path):
     ]  # fmt: skip
 
 
-def test_fit_prints_logs_and_checkpoint(tiny_args, capsys):
-    main(["fit", *tiny_args, "--trainer.max_steps=2"])
+def test_fit_prints_logs_and_checkpoint(tiny_args, tmp_path, capsys):
+    main(["fit", *tiny_args, "--trainer.max_steps=2", "--trainer.log_every_n_steps=1"])
     out = capsys.readouterr().out
     assert "Training finished." in out and "tensorboard --logdir" in out and ".ckpt" in out
+    # The default logger writes where Lightning's would, without the placeholder `hp_metric` chart.
+    (run,) = (tmp_path / "lightning_logs").glob("version_*")
+    events = EventAccumulator(str(run))
+    events.Reload()
+    assert "train/reward" in events.Tags()["scalars"] and "hp_metric" not in events.Tags()["scalars"]
 
 
 @pytest.mark.parametrize("subcommand, metric", [("validate", "val/pass@1"), ("test", "test/pass@1")])

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import resume_exact  # noqa: E402
@@ -69,3 +71,11 @@ def test_the_performance_page_quotes_the_quickstart_speed_file():
         "docs/performance.md should quote benchmarks/results/quickstart_speed.json:\n" + row
     )
     assert result["config"] == "configs/quickstart.yaml" and result["steps"] is None  # the whole quickstart
+
+
+def test_every_docstring_renders_as_written():
+    pytest.importorskip("griffe")  # the `docs` extra; CI's `mkdocs build --strict` runs the same check
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    from docstrings import problems
+
+    assert problems() == []

@@ -25,7 +25,7 @@ def walk(raw: dict[str, Any], path: str) -> tuple[Any, int | None]:
 
     Returns:
         `(value, None)` when found: the column named `path` if there is one, else the value reached key by
-        key through nested objects; otherwise `(the value where it broke, the index of the key missing)`.
+            key through nested objects; otherwise `(the value where it broke, the index of the key missing)`.
     """
     if path in raw:
         return raw[path], None

@@ -123,9 +123,9 @@ def load_rows(
 
     Returns:
         The rows in file order, each question once. Columns not named above keep their names and values.
-        A row that repeats an earlier row's question (the same prompt; with `id_column`, the same id) and
-        answer is dropped, the earlier row and its other columns kept, with one warning for the file that
-        counts the dropped rows and names the first few (`count_repeats` counts them instead).
+            A row that repeats an earlier row's question (the same prompt; with `id_column`, the same id) and
+            answer is dropped, the earlier row and its other columns kept, with one warning for the file that
+            counts the dropped rows and names the first few (`count_repeats` counts them instead).
 
     Raises:
         ValueError: on a line that is not UTF-8 or not JSON, a missing column or dotted path, an empty prompt

@@ -80,7 +80,7 @@ def sample_completions(
 
     Returns:
         completion ids `[N, C]` (padded with `pad_token_id` after EOS), completion mask `[N, C]`,
-        truncated flags `[N]` (no EOS within `max_new_tokens`).
+            truncated flags `[N]` (no EOS within `max_new_tokens`).
     """
     sampling = temperature > 0
     with plain_generation_config(model):

@@ -47,7 +47,7 @@ def build_table(
 
     Returns:
         `{"rows": {name: {"score": headline, **metrics}}, "averages": {"in-distribution": x,
-        "out-of-distribution": y, "all": z}}`, an average left out where it has no set.
+            "out-of-distribution": y, "all": z}}`, an average left out where it has no set.
     """
     ood, split = set(out_of_distribution), set(by_domain)
     unknown = (ood | split) - set(results)

@@ -146,7 +146,7 @@ class TrajectoryBuffer:
 
         Returns:
             the number of trajectories stored (a fresh copy of a stored duplicate counts; duplicates inside
-            the batch count once).
+                the batch count once).
 
         Raises:
             TypeError: a column value of a fresh row is not one a checkpoint holds (nothing is changed).

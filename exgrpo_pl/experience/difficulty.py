@@ -188,7 +188,7 @@ class DifficultyBucketer:
 
         Returns:
             long tensor of the question ids retired by this call (a retired question whose group here has a
-            failure is retired no more).
+                failure is retired no more).
         """
         qids = torch.as_tensor(question_ids).reshape(-1).tolist()
         r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)

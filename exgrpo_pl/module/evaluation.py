@@ -46,6 +46,7 @@ class PassRateEvaluation:
     """
 
     last_evaluation_table: dict | None = None
+    best_val_pass_at_1 = 0.0  # the best validation pass@1 so far, the start's included (val/best_pass@1)
 
     def _pass_rate(self, batch: dict, batch_idx: int) -> Tensor:
         """`[B * n]` 1.0 where a completion sampled at `val_temperature` is correct, n per prompt.
@@ -170,8 +171,10 @@ class PassRateEvaluation:
             for batch_idx, batch in enumerate(batches):
                 start.update(self._pass_rate(batch, batch_idx))
         value = float(start.compute())
+        self.best_val_pass_at_1 = max(self.best_val_pass_at_1, value)
         if self.logger is not None:
-            self.logger.log_metrics({"val/pass@1": value}, step=self.global_step)
+            metrics = {"val/pass@1": value, "val/best_pass@1": self.best_val_pass_at_1}
+            self.logger.log_metrics(metrics, step=self.global_step)
         rank_zero_info(f"val/pass@1 before training: {value:.3f}")
 
     def on_validation_start(self) -> None:
@@ -190,6 +193,11 @@ class PassRateEvaluation:
 
     def on_validation_epoch_end(self) -> None:
         self._log_sets("val")
+        if self.trainer.sanity_checking or not self.val_pass_at_1.update_called:
+            return
+        # compute() syncs the ranks (every rank runs this hook) and caches the value Lightning then logs.
+        self.best_val_pass_at_1 = max(self.best_val_pass_at_1, float(self.val_pass_at_1.compute()))
+        self.log("val/best_pass@1", self.best_val_pass_at_1, on_step=False, on_epoch=True)
 
     def on_test_epoch_end(self) -> None:
         self._log_sets("test")

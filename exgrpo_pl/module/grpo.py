@@ -33,6 +33,7 @@ from exgrpo_pl.engines import SamplingConfig, build_engine
 from exgrpo_pl.lightning_internals import attached_trainer
 from exgrpo_pl.models import completion_stop_ids, load_policy, load_tokenizer, lora_config
 from exgrpo_pl.module.evaluation import PassRateEvaluation
+from exgrpo_pl.module.hparams_tab import log_run_hparams, run_hparams
 from exgrpo_pl.module.logging_steps import step_metrics, writes_step_metrics
 from exgrpo_pl.module.mixin import ReplayMixin
 from exgrpo_pl.module.options import check_options
@@ -323,4 +324,5 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
     # ------------------------------------------- resuming (ResumableModule), evaluation (PassRateEvaluation)
     def on_train_start(self) -> None:
         self._resume_on_train_start()
+        log_run_hparams(self.trainer, run_hparams(self.hparams, self.trainer.callbacks))
         self._validate_at_start()

@@ -38,6 +38,9 @@ def step_metrics(
 ) -> dict[str, Tensor]:
     """A training step's metrics under TRL's names (`train/*`), plus its `timing/*` seconds.
 
+    `train/pass@1` (the share of correct rows) is left out when the step's rewards are its correctness
+    (a 0/1 verifier): it would repeat `train/reward` point for point.
+
     Args:
         rollouts: what the step trained on.
         eos_token_ids: ids that end a completion (a completion without one was clipped by the budget).
@@ -49,11 +52,13 @@ def step_metrics(
         **{key: torch.as_tensor(float(value)) for key, value in timings.items()},
         **{f"train/{key}": torch.as_tensor(value, dtype=torch.float32) for key, value in stats.items()},
         "train/reward": rollouts.rewards.mean(),
-        "train/pass@1": rollouts.correct.float().mean(),
         "train/completions/mean_length": rollouts.completion_lengths.float().mean(),
         "train/completions/clipped_ratio": truncated.float().mean(),
         "train/entropy": rollouts.entropy.mean(),
     }
+    correct = rollouts.correct.float()
+    if not torch.equal(rollouts.rewards.float(), correct):
+        metrics["train/pass@1"] = correct.mean()
     if rollouts.group_size > 1:  # a swap batch has no groups
         group_std = rollouts.rewards.view(-1, rollouts.group_size).std(1)
         metrics["train/reward_std"] = group_std.mean()

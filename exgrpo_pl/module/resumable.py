@@ -22,7 +22,8 @@ from exgrpo_pl.lightning_internals import attached_trainer
 class ResumableModule:
     """`ExGRPOModule`'s checkpoint hooks and the resume's settling in `on_train_start`.
 
-    Reads the module's `hparams`, `trainer`, `num_tokens`, `generated_tokens` and `nonfinite`.
+    Reads the module's `hparams`, `trainer`, `num_tokens`, `generated_tokens`, `nonfinite` and
+    `best_val_pass_at_1`.
     """
 
     def _resume_on_train_start(self) -> None:
@@ -46,6 +47,7 @@ class ResumableModule:
             "generated_tokens": self.generated_tokens,
             "nonfinite_steps": self.nonfinite.skipped,
         }
+        checkpoint["best_val_pass_at_1"] = self.best_val_pass_at_1  # a resumed run's best is the run's
         # The sampling RNG of every rank (CPU and CUDA), so that a resumed run generates what the
         # uninterrupted run would have.
         checkpoint["sampling_rng"] = rng_states()
@@ -55,6 +57,7 @@ class ResumableModule:
         self.num_tokens = counts.get("num_tokens", 0)
         self.generated_tokens = counts.get("generated_tokens", 0)
         self.nonfinite.skipped = counts.get("nonfinite_steps", 0)
+        self.best_val_pass_at_1 = checkpoint.get("best_val_pass_at_1", 0.0)
         trainer = attached_trainer(self)  # None in load_from_checkpoint
         if trainer is not None:
             warn_changed_options(checkpoint, self, trainer.datamodule, trainer.ckpt_path)

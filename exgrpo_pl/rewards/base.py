@@ -160,7 +160,7 @@ def _call(fn: Callable[..., Any], name: str, timeout_seconds: float | None, kwar
         RewardTimeoutError: the call ran past the limit (the worker was killed).
         RewardNotSendableError: `fn` or its arguments cannot be pickled, or unpickled in the worker.
         RuntimeError: the worker process died during the call.
-        Whatever `fn` raised, with the worker's traceback as its cause.
+        Exception: whatever `fn` raised, with the worker's traceback as its cause.
     """
     global _worker
     if timeout_seconds is None or getattr(fn, "in_process", False):
@@ -298,7 +298,7 @@ def compute_rewards(
 
     Returns:
         `(total, per_function)`: `total` is a `[N]` float32 tensor; `per_function` maps each function's name
-        (see `reward_name`) to its `[N]` float32 scores, `nan` where it returned `None`.
+            (see `reward_name`) to its `[N]` float32 scores, `nan` where it returned `None`.
 
     Raises:
         ValueError: on no functions, a weight that is not finite, a weights/functions or column/prompt length

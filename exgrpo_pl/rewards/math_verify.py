@@ -47,7 +47,7 @@ def extract_boxed(text: str) -> str | None:
 
     Returns:
         The contents (possibly empty), or None when there is no box or the last one is never closed (a
-        truncated generation: its answer is incomplete, and an earlier box is not the final answer).
+            truncated generation: its answer is incomplete, and an earlier box is not the final answer).
     """
     opens = [m.end() for m in _BOXED_OPEN.finditer(text)]
     if not opens:

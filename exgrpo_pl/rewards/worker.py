@@ -145,7 +145,8 @@ class WorkerProcess:
         Args:
             function: a picklable callable (by reference: a module-level function or an instance of a
                 module-level class), or a `(path, name)` pair naming a function of a stdlib-only file.
-            args, kwargs: its arguments, picklable.
+            args: its positional arguments, picklable.
+            kwargs: its keyword arguments, picklable.
             timeout: the limit; a call that runs over kills the worker.
 
         Returns:

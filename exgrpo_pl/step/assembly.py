@@ -27,8 +27,9 @@ def assemble_groups(plan: RolloutPlan, fresh: RolloutBatch | None, scale_rewards
         scale_rewards: "group", "batch" or "none", as for `group_advantages`.
 
     Returns:
-        A `RolloutBatch` with `group_size` K (1 in swap mode) and `advantages` set. In mix mode each replayed
-        question's group is its stored row followed by its K-1 fresh rows, after the fresh questions' groups.
+        A `RolloutBatch` with `group_size` K (1 in swap mode) and `advantages` set. In mix mode each
+            replayed question's group is its stored row followed by its K-1 fresh rows, after the fresh
+            questions' groups.
     """
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards={scale_rewards!r}; allowed: {', '.join(SCALE_REWARDS)}")

@@ -224,9 +224,9 @@ class RolloutCollector:
 
         Returns:
             The rollouts (`group_size` 1; each prompt's rows next to each other, prompts in order;
-            behaviour log-probs, entropy and advantages 0: the training forward computes the first two, with
-            the numerics of the importance weights that later divide by them) and step metrics:
-            `timing/generation`, `timing/reward`, `train/rewards/{name}/mean`, `generated_tokens`.
+                behaviour log-probs, entropy and advantages 0: the training forward computes the first two,
+                with the numerics of the importance weights that later divide by them) and step metrics:
+                `timing/generation`, `timing/reward`, `train/rewards/{name}/mean`, `generated_tokens`.
         """
 
         columns = columns or {}

@@ -183,7 +183,7 @@ def compute_grpo_loss(
 
     Returns:
         The scalar loss and detached statistics: clip_ratio (share of on-policy tokens clipped), kl,
-        is_weight (mean f(w) over replayed tokens).
+            is_weight (mean f(w) over replayed tokens).
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type={loss_type!r}; allowed: {', '.join(LOSS_TYPES)}")

@@ -72,7 +72,7 @@ def completion_logps(
 
     Returns:
         log-probs `[N, C]` and token entropies `[N, C]` (None when `with_entropy` is False); both are
-        only meaningful where `completion_mask` is True.
+            only meaningful where `completion_mask` is True.
     """
     logits = policy_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)  # [N, C+1, V]
     temperature = max(temperature, 1e-6)

@@ -116,8 +116,8 @@ def sample_groups(
 
     Returns:
         As `assemble_groups`: groups of K rows (stored row first in a replayed question's group) with their
-        advantages; a swap step's stored rows, one per group. Replayed rows arrive on the CPU and stay
-        there in a swap step: move the result with `.to(device)`.
+            advantages; a swap step's stored rows, one per group. Replayed rows arrive on the CPU and stay
+            there in a swap step: move the result with `.to(device)`.
     """
     plan = plan_rollouts(batch, num_generations)
     fresh = None

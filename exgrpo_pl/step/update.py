@@ -82,7 +82,7 @@ class PolicyUpdate:
 
         Returns:
             Detached statistics: loss, clip_ratio, is_weight, kl, grad_norm, nonfinite_steps; loss is NaN when
-            the update was skipped.
+                the update was skipped.
         """
         hp = self.hparams
         epsilon_high = hp.epsilon_high or hp.epsilon

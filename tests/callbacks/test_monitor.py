@@ -8,13 +8,16 @@ import sys
 import numpy as np
 import pytest
 from conftest import tiny_module
+from hypothesis import given
+from hypothesis import strategies as st
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
-from exgrpo_pl.callbacks.monitor import heatmap_image
+from exgrpo_pl.callbacks.heatmap import draw_heatmap, heatmap_counts
+from exgrpo_pl.callbacks.monitor import ENTROPY_BINS
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import SelectiveReplay
 
@@ -65,12 +68,15 @@ def test_tensorboard_gets_histograms_heatmap_completions_and_tier_counts(tmp_pat
     # ArithmeticTask's question families are domains, so each gets its own correctness histogram.
     assert any(t.startswith("monitor/correctness_rate/") for t in tags["histograms"])
     assert "monitor/difficulty_entropy_heatmap" in tags["images"]
-    assert len(events.Images("monitor/difficulty_entropy_heatmap")) == 2  # one per epoch
+    # Every log_every_n_steps (1) once the buffer holds something, not only at the two epochs' ends.
+    assert [i.step for i in events.Images("monitor/difficulty_entropy_heatmap")] == [1, 2, 3, 4]
     assert any(t.startswith("monitor/completions") for t in tags["tensors"])  # add_text stores a tensor
     scalars = set(tags["scalars"])
     assert {f"monitor/tier_{i}" for i in range(5)} <= scalars
-    assert {f"monitor/entropy_band_{i}" for i in range(4)} <= scalars  # percentiles (25, 50, 75): 4 bands
-    assert {"monitor/retired", "monitor/buffer_size", "monitor/replay_fraction"} <= scalars
+    assert {"monitor/entropy_p25", "monitor/entropy_p50", "monitor/entropy_p75"} <= scalars
+    assert {"monitor/retired", "monitor/buffer_size"} <= scalars
+    # No series that says nothing: band counts are the percentiles' shares, the replayed share is replay's.
+    assert not {t for t in scalars if t.startswith("monitor/entropy_band") or t == "monitor/replay_fraction"}
 
     replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
     last = lambda tag: events.Scalars(tag)[-1]  # noqa: E731
@@ -78,8 +84,8 @@ def test_tensorboard_gets_histograms_heatmap_completions_and_tier_counts(tmp_pat
     assert last("monitor/buffer_size").step == trainer.global_step == 4
     tiers = sum(last(f"monitor/tier_{i}").value for i in range(5))
     assert tiers == len(replay.buffer.bucketer.known_questions())
-    assert sum(last(f"monitor/entropy_band_{i}").value for i in range(4)) == len(replay.buffer)
-    assert last("monitor/replay_fraction").value == 1.0  # swap mode, replay_probability 1
+    edges = np.percentile(replay.buffer.entropies().numpy().astype(np.float64), [25, 50, 75])
+    assert [last(f"monitor/entropy_p{p}").value for p in (25, 50, 75)] == pytest.approx(edges.tolist())
     (text,) = {t for t in tags["tensors"] if t.startswith("monitor/completions")}
     table = events.Tensors(text)[-1].tensor_proto.string_val[0].decode()
     assert table.startswith("| prompt | completion | reward | replayed |")
@@ -152,47 +158,50 @@ def test_bad_settings_are_rejected(kwargs, message):
         DifficultyMonitor(**kwargs)
 
 
-def test_heatmap_image_exact_colours_and_layout():
-    counts = np.array([[0, 2], [1, 0]])  # [entropy bin, tier]: bin 0 drawn at the bottom
-    image = heatmap_image(counts)
-    cell_h, cell_w = 24, 40
-    assert image.dtype == np.uint8 and image.shape == (2 * cell_h, 2 * cell_w + 8 + 12, 3)
-    pixel = lambda row, column: image[row * cell_h + 5, column * cell_w + 5].tolist()  # noqa: E731
-    assert pixel(1, 0) == [68, 1, 84]  # bottom left: bin 0, tier 0, count 0: darkest
-    assert pixel(1, 1) == [253, 231, 37]  # bottom right: count 2, the largest: brightest
-    assert pixel(0, 0) == [33, 145, 140]  # top left: count 1 of 2, the middle of the colour map
-    assert image[:, cell_w].tolist() == [[255, 255, 255]] * (2 * cell_h)  # the line between the two tiers
-    bar = image[:, -1]
-    assert bar[0].tolist() == [253, 231, 37] and bar[-1].tolist() == [68, 1, 84]  # largest on top
-    assert heatmap_image(np.zeros((3, 4), dtype=np.int64)).shape == (3 * cell_h, 4 * cell_w + 20, 3)
+def test_heatmap_counts_small_exact_case():
+    rates = np.array([0.0, 0.1, 0.5, 1.0, 1.0])  # tiers of 2: [0, 0.5) and [0.5, 1]
+    entropy = np.array([0.0, 1.0, 2.0, 2.0, 0.5])  # bins of 2: [0, 1) and [1, 2]
+    counts, edges = heatmap_counts(rates, entropy, num_tiers=2, entropy_bins=2)
+    assert edges.tolist() == [0.0, 1.0, 2.0]
+    assert counts.tolist() == [[1, 1], [1, 2]]  # row 0: the low entropies
 
 
-def test_heatmap_is_drawn_without_matplotlib_with_its_axes_described(
-    tmp_path, tiny_model_dir, monkeypatch, recwarn
-):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` raises ImportError
+@given(
+    st.lists(st.tuples(st.floats(0, 1), st.floats(-5, 5, allow_subnormal=False)), min_size=1, max_size=40),
+    st.integers(1, 6),
+    st.integers(1, 12),
+)
+def test_heatmap_counts_hold_every_trajectory_once(rows, num_tiers, bins):
+    rates, entropy = (np.array(column, dtype=np.float64) for column in zip(*rows))
+    counts, edges = heatmap_counts(rates, entropy, num_tiers, bins)
+    assert counts.shape == (bins, num_tiers) and counts.sum() == len(rows)
+    assert edges[0] <= entropy.min() and entropy.max() <= edges[-1] and np.all(np.diff(edges) > 0)
+
+
+def test_the_heatmap_image_is_the_buffer_drawn_with_axes(tmp_path, tiny_model_dir):
     trainer = fit(tmp_path, tiny_model_dir, TensorBoardLogger(tmp_path, name="tb"))
-    assert not any("matplotlib" in str(w.message) for w in recwarn)
     events = read_events(trainer.logger.log_dir)
-    (first, last) = events.Images("monitor/difficulty_entropy_heatmap")
-    # The last image is the final buffer's, pixel for pixel.
+    last = events.Images("monitor/difficulty_entropy_heatmap")[-1]
     replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
-    monitor = next(c for c in trainer.callbacks if isinstance(c, DifficultyMonitor))
-    buffer = replay.buffer
-    rates, entropy = buffer.rates().numpy().astype(np.float64), buffer.entropies().numpy().astype(np.float64)
+    rates = replay.buffer.rates().numpy().astype(np.float64)
+    entropy = replay.buffer.entropies().numpy().astype(np.float64)
     known = ~np.isnan(rates)
-    expected, scale = monitor._heatmap(rates[known], entropy[known])
+    counts, edges = heatmap_counts(rates[known], entropy[known], 5, ENTROPY_BINS)
+    expected = draw_heatmap(counts, edges, f"replay buffer at step 4: {int(known.sum())} trajectories")
     shown = np.asarray(Image.open(io.BytesIO(last.encoded_image_string)).convert("RGB"))
     assert last.step == trainer.global_step and np.array_equal(shown, expected)
+    # A picture with room for its axes, tick labels and colour bar, not a bare grid of cells.
+    assert shown.shape == (440, 560, 3)
     description = events.SummaryMetadata("monitor/difficulty_entropy_heatmap").summary_description
     assert "x: question correctness rate in 5 equal-width tiers" in description
-    assert (
-        "y: trajectory mean token entropy" in description and "Colour: trajectories per cell" in description
-    )
-    texts = events.Tensors("monitor/difficulty_entropy_heatmap/text_summary")
-    assert [t.step for t in texts] == [first.step, last.step]
-    assert texts[-1].tensor_proto.string_val[0].decode() == scale
-    assert scale.startswith(f"{int(known.sum())} trajectories; entropy ")
+
+
+def test_without_matplotlib_it_warns_once_and_logs_the_rest(tmp_path, tiny_model_dir, monkeypatch, recwarn):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    trainer = fit(tmp_path, tiny_model_dir, TensorBoardLogger(tmp_path, name="tb"))
+    assert sum("pip install 'exgrpo-pl[viz]'" in str(w.message) for w in recwarn) == 1
+    tags = read_events(trainer.logger.log_dir).Tags()
+    assert not tags["images"] and HISTOGRAMS <= set(tags["histograms"])
 
 
 def test_an_image_with_a_description_reaches_the_event_file(tmp_path):

@@ -59,7 +59,8 @@ def test_swap_mode_replaces_whole_batches_after_the_first_step(tmp_path, tiny_mo
         # Up to B*K stored trajectories, nothing generated; "uniform" takes one per stored question.
         assert step.replayed.all() and step.group_size == 1 and 0 < len(step) <= 4 * 4
     assert callback.replayed_steps == 3
-    assert trainer.logged_metrics["replay/fraction"] == 1.0
+    logged = trainer.logged_metrics
+    assert logged["replay/row_fraction"] == logged["replay/question_fraction"] == 1.0
     assert "replay/staleness" in trainer.logged_metrics
 
 
@@ -70,7 +71,8 @@ def test_mix_mode_replays_a_fraction_of_questions_as_groups(tmp_path, tiny_model
         assert len(step) == 16 and step.group_size == 4
         # Two of four questions replayed: exactly one stored row in each of the last two groups.
         assert step.replayed.view(4, 4).sum(1).tolist() == [0, 0, 1, 1]
-    assert trainer.logged_metrics["replay/fraction"] == pytest.approx(2 / 16)
+    assert trainer.logged_metrics["replay/row_fraction"] == pytest.approx(2 / 16)
+    assert trainer.logged_metrics["replay/question_fraction"] == pytest.approx(2 / 4)  # mix_fraction
     assert "train/is_weight" in trainer.logged_metrics
 
 

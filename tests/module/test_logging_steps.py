@@ -7,8 +7,9 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
+from test_batch import rollout_batch
 
-from exgrpo_pl.module.logging_steps import writes_step_metrics
+from exgrpo_pl.module.logging_steps import step_metrics, writes_step_metrics
 
 
 class LogsBothWays(LightningModule):
@@ -74,3 +75,12 @@ def test_gated_logging_writes_the_same_rows(
     rows = list(csv.DictReader(path.read_text().splitlines())) if path.exists() else []
     assert [(r["step"], r["always"]) for r in rows] == [(r["step"], r["gated"]) for r in rows]
     assert trainer.logged_metrics["always"] == trainer.logged_metrics["gated"]
+
+
+def test_pass_at_1_is_logged_only_where_it_is_not_the_reward():
+    rows = dict(completion_ids=torch.tensor([[5, 2, 0], [5, 5, 5]]), correct=torch.tensor([True, False]))
+    binary = step_metrics(rollout_batch(rewards=torch.tensor([1.0, 0.0]), **rows), [2], {}, {})
+    assert binary["train/reward"] == 0.5 and "train/pass@1" not in binary  # a 0/1 verifier: the same series
+    graded = step_metrics(rollout_batch(rewards=torch.tensor([0.9, 0.2]), **rows), [2], {}, {})
+    assert graded["train/reward"] == pytest.approx(0.55) and graded["train/pass@1"] == 0.5
+    assert graded["train/completions/clipped_ratio"] == 0.5  # the second row never stops
