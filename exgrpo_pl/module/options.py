@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from exgrpo_pl.engines import check_engine
 from exgrpo_pl.models import DTYPES
-from exgrpo_pl.step.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
+from exgrpo_pl.step.losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    OFF_POLICY_CORRECTIONS,
+    SCALE_REWARDS,
+)
 from exgrpo_pl.validation import check_choice, check_number, check_numbers
 
 NUMERIC_OPTIONS = {
@@ -18,6 +23,7 @@ NUMERIC_OPTIONS = {
     "top_p": dict(low=0, high=1, low_open=True),
     "epsilon": dict(low=0),
     "epsilon_high": dict(low=0, optional=True),
+    "delta": dict(low=1, low_open=True, optional=True),  # the ratio is 1 before any update
     "num_iterations": dict(low=1, integer=True),
     "beta": dict(low=0),
     "entropy_coef": dict(low=0),
@@ -38,6 +44,7 @@ NUMERIC_OPTIONS = {
 CHOICE_OPTIONS = {
     "loss_type": LOSS_TYPES,
     "scale_rewards": SCALE_REWARDS,
+    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
     "off_policy_correction": OFF_POLICY_CORRECTIONS,
     "dtype": tuple(DTYPES),
 }
