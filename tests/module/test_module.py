@@ -51,6 +51,8 @@ def tiny_trainer(tmp_path, **kwargs):
         ({"loss_type": "ppo"}, "allowed: grpo, dr_grpo, dapo"),
         ({"scale_rewards": "median"}, "allowed: group, batch, none"),
         ({"off_policy_correction": "clip"}, "allowed: shaping, truncate, none"),
+        ({"importance_sampling_level": "word"}, "importance_sampling_level='word'.*allowed: token, sequence"),
+        ({"delta": 1.0}, "delta=1.0: must be > 1"),
         ({"top_p": 0.0}, "top_p=0.0"),
     ],
 )
