@@ -4,6 +4,8 @@ before any training starts.
 
 from __future__ import annotations
 
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
+
 from exgrpo_pl.engines import check_engine
 from exgrpo_pl.models import DTYPES
 from exgrpo_pl.step.losses import (
@@ -62,4 +64,10 @@ def check_options(hp) -> None:
         )
     for name, allowed in CHOICE_OPTIONS.items():
         check_choice("ExGRPOModule", name, hp[name], allowed)
+    if hp.importance_sampling_level == "sequence" and hp.loss_type in ("dapo", "dr_grpo"):
+        rank_zero_warn(
+            f"ExGRPOModule importance_sampling_level='sequence' with loss_type={hp.loss_type!r}: the loss "
+            "sums token terms, so each completion weighs as much as it has tokens, not GSPO's per-sequence "
+            "objective; set loss_type='grpo' for GSPO's setup"
+        )
     check_engine(hp.rollout_engine, hp.rollout_engine_options)

@@ -61,6 +61,16 @@ def test_bad_settings_are_rejected_at_construction(tiny_model_dir, kwargs, messa
         ExGRPOModule(model_name_or_path=tiny_model_dir, **kwargs)
 
 
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+def test_sequence_level_ratio_with_a_token_sum_loss_warns(tiny_model_dir, loss_type):
+    with pytest.warns(
+        UserWarning, match=f"importance_sampling_level='sequence' with loss_type='{loss_type}'"
+    ):
+        ExGRPOModule(
+            model_name_or_path=tiny_model_dir, loss_type=loss_type, importance_sampling_level="sequence"
+        )
+
+
 def test_module_follows_the_replay_contract(tiny_model_dir):
     assert isinstance(make_module(tiny_model_dir), ReplayableModule)
 
