@@ -160,10 +160,8 @@ class PolicyUpdate:
         )
 
     def sum_over_ranks(self, values: Tensor) -> Tensor:
-        """`values` summed over every rank (an all-reduce on a copy); `values` itself on one rank."""
-        if self.trainer.world_size == 1:
-            return values
-        return self.trainer.strategy.reduce(values.clone(), reduce_op="sum")
+        """`values` summed over every rank (`sum_over_ranks`)."""
+        return sum_over_ranks(self.trainer, values)
 
     def reference_logps(self, rollouts: RolloutBatch, rows: slice) -> Tensor | None:
         """`[rows, C]` log-probs of the completions under the KL reference; None when beta is 0."""
@@ -217,6 +215,14 @@ class PolicyUpdate:
         if engine is not None:
             return bool(engine.fp16_enabled())
         return getattr(self.trainer.precision_plugin, "scaler", None) is not None
+
+
+def sum_over_ranks(trainer, values: Tensor) -> Tensor:
+    """`values` summed over every rank of `trainer` (an all-reduce on a copy, which every rank must reach);
+    `values` itself on one rank or without a trainer."""
+    if trainer is None or trainer.world_size == 1:
+        return values
+    return trainer.strategy.reduce(values.clone(), reduce_op="sum")
 
 
 def loss_options(hp) -> dict:
