@@ -352,3 +352,25 @@ def test_entropy_bonus_is_the_token_mean_for_every_loss_type():
             logps, logps, torch.zeros(2), mask, norm, loss_type=loss_type, entropy=entropy, entropy_coef=0.1
         )
         assert torch.allclose(loss, torch.tensor(-0.1 * (2.0 + 3.0) / 4)), loss_type
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_replayed_rows_keep_their_shaped_weight_under_delta_at_either_level(level):
+    """delta and the clip range act on fresh rows' ratio; a replayed row's term stays -f(w) A, with w the
+    token's or (GSPO) the sequence's ratio to the behaviour policy."""
+    logps = torch.log(torch.tensor([[0.9, 0.6], [0.9, 0.6]], dtype=torch.float64)).requires_grad_()
+    old = torch.log(torch.tensor([[0.3, 0.3], [0.3, 0.3]], dtype=torch.float64))  # fresh ratios 3 and 2
+    behaviour = torch.log(torch.tensor([[0.1, 0.2], [0.1, 0.2]], dtype=torch.float64))  # w = 9 and 3
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    replayed = torch.tensor([False, True])
+    weights = compute_importance_weights(logps, behaviour, mask, "shaping", 0.1, level=level)
+    loss, _ = compute_grpo_loss(
+        logps, old, torch.tensor([-1.0, 1.0], dtype=torch.float64), mask, LossNormaliser(2, 4, 2),
+        delta=1.5, importance_sampling_level=level, importance_weights=weights, replayed=replayed,
+    )  # fmt: skip
+    w = torch.tensor([9.0, 3.0], dtype=torch.float64)
+    if level == "sequence":
+        w = w.log().mean().exp().expand(2)  # sqrt(27)
+    fresh = [1.5, 1.5]  # A < 0: -min(min(r, 1.5) A, clip(r) A) = 1.5 for r = 3 and r = 2 (and for sqrt(6))
+    expected = (sum(fresh) - (w / (w + 0.1)).sum()) / 4
+    assert torch.allclose(loss, expected)
