@@ -67,13 +67,22 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         rollout_engine: what samples rollouts: "hf" (`model.generate`, runs everywhere) or "static" (a
             compiled static-cache decoder, much faster on a GPU), see `exgrpo_pl.engines`.
         rollout_engine_options: keyword arguments of the engine's class.
-        loss_type: "grpo" (per-sequence mean), "dr_grpo" (constant normaliser), "dapo" (token mean).
-        scale_rewards: divide advantages by the "group" std, the "batch" std, or "none".
+        loss_type: "grpo" (per-sequence mean), "dr_grpo" (constant normaliser), "dapo" (token mean); counted
+            over every rank, so several ranks train on the gradient of their whole batch.
+        scale_rewards: divide advantages by the "group" std, the "batch" std (of every rank's rewards), or
+            "none".
         epsilon: lower clipping range of the ratio.
-        epsilon_high: upper clipping range (DAPO's clip-higher); defaults to `epsilon`.
+        epsilon_high: upper clipping range (DAPO's clip-higher); None: `epsilon` (0 is kept as 0).
+        delta: two-sided clipping (INTELLECT-2): the unclipped ratio is capped at this (> 1); None: off.
+            Fresh rows only: replayed rows are weighted by `off_policy_correction`.
+        importance_sampling_level: "token" (a ratio per token) or "sequence" (GSPO: one length-normalised
+            ratio per completion, for the clipped ratio and for replayed rows' w alike).
         num_iterations: optimizer updates per generated batch (old log-probs are kept from the first).
         beta: weight of the KL to a frozen reference; 0 builds no reference model.
-        entropy_coef: weight of the entropy bonus (the paper uses 0.001).
+        use_bias_correction_kl: multiply each token's KL estimate by the importance ratio (TRL's default),
+            which makes its gradient the unbiased reverse-KL gradient; only matters when beta > 0.
+        entropy_coef: weight of the entropy bonus, subtracted times the mean token entropy of the whole
+            batch whatever the loss type (the paper uses 0.001).
         mask_truncated_completions: leave completions that hit the budget without EOS out of the loss.
         learning_rate: AdamW learning rate.
         weight_decay: AdamW weight decay.
@@ -128,8 +137,11 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         scale_rewards: str = "group",
         epsilon: float = 0.2,
         epsilon_high: float | None = None,
+        delta: float | None = None,
+        importance_sampling_level: str = "token",
         num_iterations: int = 1,
         beta: float = 0.0,
+        use_bias_correction_kl: bool = True,
         entropy_coef: float = 0.0,
         mask_truncated_completions: bool = False,
         learning_rate: float = 1e-6,
@@ -249,7 +261,9 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
             fresh, collected = self._collect(plan, self.hparams.temperature)
             self.generated_tokens += int(collected.pop("generated_tokens"))
             metrics.update(collected)
-        rollouts = assemble_groups(plan, fresh, self.hparams.scale_rewards).to(self.device)
+        # Under DDP "batch" scaling takes the std of every rank's rewards: every rank assembles each step.
+        rollouts = assemble_groups(plan, fresh, self.hparams.scale_rewards, self.sum_over_ranks)
+        rollouts = rollouts.to(self.device)
         update_started = time.perf_counter()
         stats = self.update_policy(rollouts)
         metrics["timing/forward_backward"] = time.perf_counter() - update_started

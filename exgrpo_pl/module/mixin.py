@@ -16,6 +16,7 @@ forward) and `replay_loss` (the replayed rows' importance-weighted loss terms).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from torch import Tensor
 
@@ -24,6 +25,7 @@ from exgrpo_pl.lightning_internals import attached_trainer
 from exgrpo_pl.step.groups import record_behaviour, replayed_token_loss, sample_groups
 from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS
 from exgrpo_pl.step.rollout import num_micro_batches, score_entropy
+from exgrpo_pl.step.update import sum_over_ranks
 
 
 class ReplayMixin:
@@ -86,6 +88,7 @@ class ReplayMixin:
 
         `exgrpo_pl.step.groups.sample_groups` with K = `num_generations`, `global_step` as the policy version,
         and `hparams.scale_rewards` ("group") and `hparams.correct_threshold` (0.5) when the module has them.
+        Under data parallelism "batch" scaling divides by the std of every rank's rewards (an all-reduce).
 
         Args:
             batch: the training batch.
@@ -96,6 +99,7 @@ class ReplayMixin:
             batch, self.num_generations, rollout_fn,
             scale_rewards=self._replay_setting("scale_rewards", "group"), policy_version=self.global_step,
             correct_threshold=self._replay_setting("correct_threshold", 0.5),
+            sum_over_ranks=partial(sum_over_ranks, attached_trainer(self)),  # "batch": every rank's std
         )  # fmt: skip
         experience = batch.get("experience")
         self._unweighted_replayed_rows = 0 if experience is None else len(experience.rollouts)

@@ -4,9 +4,16 @@ before any training starts.
 
 from __future__ import annotations
 
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
+
 from exgrpo_pl.engines import check_engine
 from exgrpo_pl.models import DTYPES
-from exgrpo_pl.step.losses import LOSS_TYPES, OFF_POLICY_CORRECTIONS, SCALE_REWARDS
+from exgrpo_pl.step.losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    OFF_POLICY_CORRECTIONS,
+    SCALE_REWARDS,
+)
 from exgrpo_pl.validation import check_choice, check_number, check_numbers
 
 NUMERIC_OPTIONS = {
@@ -18,6 +25,7 @@ NUMERIC_OPTIONS = {
     "top_p": dict(low=0, high=1, low_open=True),
     "epsilon": dict(low=0),
     "epsilon_high": dict(low=0, optional=True),
+    "delta": dict(low=1, low_open=True, optional=True),  # the ratio is 1 before any update
     "num_iterations": dict(low=1, integer=True),
     "beta": dict(low=0),
     "entropy_coef": dict(low=0),
@@ -38,6 +46,7 @@ NUMERIC_OPTIONS = {
 CHOICE_OPTIONS = {
     "loss_type": LOSS_TYPES,
     "scale_rewards": SCALE_REWARDS,
+    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
     "off_policy_correction": OFF_POLICY_CORRECTIONS,
     "dtype": tuple(DTYPES),
 }
@@ -55,4 +64,10 @@ def check_options(hp) -> None:
         )
     for name, allowed in CHOICE_OPTIONS.items():
         check_choice("ExGRPOModule", name, hp[name], allowed)
+    if hp.importance_sampling_level == "sequence" and hp.loss_type in ("dapo", "dr_grpo"):
+        rank_zero_warn(
+            f"ExGRPOModule importance_sampling_level='sequence' with loss_type={hp.loss_type!r}: the loss "
+            "sums token terms, so each completion weighs as much as it has tokens, not GSPO's per-sequence "
+            "objective; set loss_type='grpo' for GSPO's setup"
+        )
     check_engine(hp.rollout_engine, hp.rollout_engine_options)

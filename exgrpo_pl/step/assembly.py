@@ -13,11 +13,16 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.step.losses import SCALE_REWARDS, group_advantages
+from exgrpo_pl.step.losses import SCALE_REWARDS, SumOverRanks, batch_std, group_advantages
 from exgrpo_pl.step.plan import RolloutPlan
 
 
-def assemble_groups(plan: RolloutPlan, fresh: RolloutBatch | None, scale_rewards: str) -> RolloutBatch:
+def assemble_groups(
+    plan: RolloutPlan,
+    fresh: RolloutBatch | None,
+    scale_rewards: str,
+    sum_over_ranks: SumOverRanks | None = None,
+) -> RolloutBatch:
     """The rows to train on, grouped by question, with advantages.
 
     Args:
@@ -25,6 +30,9 @@ def assemble_groups(plan: RolloutPlan, fresh: RolloutBatch | None, scale_rewards
         fresh: the sampled and scored rollouts of `plan`: `plan.num_rollouts` rows in `plan.expand` order
             (each prompt's rollouts next to each other, prompts in plan order). None in swap mode.
         scale_rewards: "group", "batch" or "none", as for `group_advantages`.
+        sum_over_ranks: under data parallelism, sums a tensor over the ranks (an all-reduce), so that "batch"
+            scaling divides by the std of every rank's rewards; every rank must then call this together.
+            None: this rank's rows are the whole batch.
 
     Returns:
         A `RolloutBatch` with `group_size` K (1 in swap mode) and `advantages` set. In mix mode each
@@ -38,7 +46,8 @@ def assemble_groups(plan: RolloutPlan, fresh: RolloutBatch | None, scale_rewards
         rows = plan.experience
         if fresh is not None and len(fresh):
             raise ValueError("a swap-mode step samples nothing: pass fresh=None")
-        return replace(rows, advantages=replay_advantages(rows.rewards, rows.advantages, k, scale_rewards))
+        advantages = replay_advantages(rows.rewards, rows.advantages, k, scale_rewards, sum_over_ranks)
+        return replace(rows, advantages=advantages)
     _check_fresh(plan, fresh)
     if plan.mode == "fresh":
         rollouts = fresh.select(torch.arange(len(fresh)), group_size=k)
@@ -51,11 +60,17 @@ def assemble_groups(plan: RolloutPlan, fresh: RolloutBatch | None, scale_rewards
             start = n_fresh * k + j * (k - 1)
             order.extend(range(start, start + k - 1))
         rollouts = RolloutBatch.cat([fresh, stored], group_size=1).select(order, group_size=k)
-    rollouts.advantages = group_advantages(rollouts.rewards, k, scale_rewards)
+    rollouts.advantages = group_advantages(rollouts.rewards, k, scale_rewards, sum_over_ranks=sum_over_ranks)
     return rollouts
 
 
-def replay_advantages(rewards: Tensor, baselines: Tensor, num_generations: int, scale_rewards: str) -> Tensor:
+def replay_advantages(
+    rewards: Tensor,
+    baselines: Tensor,
+    num_generations: int,
+    scale_rewards: str,
+    sum_over_ranks: SumOverRanks | None = None,
+) -> Tensor:
     """Swap-mode advantages on the scale of on-policy ones. `[N]`, `[N]` -> `[N]`.
 
     A swap-mode row's stored advantage is `r - p`, its reward minus its question's current correctness rate
@@ -71,11 +86,12 @@ def replay_advantages(rewards: Tensor, baselines: Tensor, num_generations: int, 
         baselines: `[N]` the stored advantages `r - p`.
         num_generations: K of the on-policy groups whose scale to match.
         scale_rewards: "group", "batch" or "none".
+        sum_over_ranks: as for `assemble_groups`: the "batch" std is that of every rank's rewards.
     """
     if scale_rewards == "none":
         return baselines
     if scale_rewards == "batch":
-        return baselines / (rewards.std() + 1e-4)
+        return baselines / (batch_std(rewards, sum_over_ranks) + 1e-4)
     rate = (rewards - baselines).clamp(0.0, 1.0)  # [N] p, recovered from r - p
     k = num_generations
     std = (rate * (1 - rate) * k / (k - 1)).sqrt()  # [N]

@@ -55,6 +55,7 @@ def replayed_token_loss(
     truncation: float = 2.0,
     stats: dict[str, Tensor] | None = None,
     rows: slice = slice(None),
+    level: str = "token",
 ) -> Tensor:
     """`per_token` `[n, C]` with each replayed row's terms replaced by ExGRPO's -f(w) A.
 
@@ -74,12 +75,13 @@ def replayed_token_loss(
         stats: when given and there are replayed rows, receives `is_weight`, the mean f(w) over their
             completion tokens (detached; `ExGRPOModule` logs the same as `train/is_weight`).
         rows: the rows of `rollouts` that `per_token` and `logps` are of, for a micro-batch (default: all N).
+        level: "token" or "sequence" (GSPO's ratio per completion), as for `compute_importance_weights`.
     """
     replayed = rollouts.replayed[rows]
     if not bool(replayed.any()):
         return per_token
     mask = rollouts.completion_mask[rows]
     weights = compute_importance_weights(
-        logps, rollouts.behaviour_logps[rows], mask, correction, shaping_beta, truncation
+        logps, rollouts.behaviour_logps[rows], mask, correction, shaping_beta, truncation, level
     )  # [n, C]
     return replayed_terms(per_token, weights, rollouts.advantages[rows], replayed, mask, stats)

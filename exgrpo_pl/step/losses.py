@@ -6,6 +6,7 @@ Nothing here knows about models, buffers or Lightning, so every function is test
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,10 +15,18 @@ from torch import Tensor
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 OFF_POLICY_CORRECTIONS = ("shaping", "truncate", "none")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+SumOverRanks = Callable[[Tensor], Tensor]
+"""Sums a tensor over every rank of the run (an all-reduce); the identity on one rank."""
 
 
 def group_advantages(
-    rewards: Tensor, group_size: int, scale_rewards: str = "group", eps: float = 1e-4
+    rewards: Tensor,
+    group_size: int,
+    scale_rewards: str = "group",
+    eps: float = 1e-4,
+    sum_over_ranks: SumOverRanks | None = None,
 ) -> Tensor:
     """A = r - mean(r of its group), optionally divided by a standard deviation.
 
@@ -27,6 +36,8 @@ def group_advantages(
         scale_rewards: "group" divides by the group's std (GRPO), "batch" by the std of all rewards,
             "none" keeps the raw centred reward (Dr. GRPO, and the ExGRPO paper).
         eps: added to the std so zero-variance groups give zero advantage, not NaN.
+        sum_over_ranks: under data parallelism, sums over the ranks, so that "batch" takes the std of every
+            rank's rewards (as TRL gathers them); None: `rewards` is the whole batch.
     """
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards={scale_rewards!r}; allowed: {', '.join(SCALE_REWARDS)}")
@@ -35,8 +46,27 @@ def group_advantages(
     if scale_rewards == "group":
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)  # std is nan for K=1, never used so
     elif scale_rewards == "batch":
-        centred = centred / (rewards.std() + eps)
+        centred = centred / (batch_std(rewards, sum_over_ranks) + eps)
     return centred.reshape(-1)  # [N]
+
+
+def batch_std(values: Tensor, sum_over_ranks: SumOverRanks | None = None) -> Tensor:
+    """The unbiased standard deviation of `values` pooled over every rank. `[n]` -> `[]`.
+
+    Two passes (the mean, then the squared deviations from it), each one all-reduce of a sum, so it is the
+    std of the concatenated rewards of all ranks to rounding, whatever each rank holds.
+
+    Args:
+        values: `[n]` this rank's values.
+        sum_over_ranks: sums a tensor over the ranks; None: `values` are all there are.
+    """
+    if sum_over_ranks is None:
+        return values.std()
+    count_and_sum = sum_over_ranks(torch.stack([values.new_tensor(values.numel()), values.sum()]))  # [2]
+    count = count_and_sum[0]
+    mean = count_and_sum[1] / count
+    squares = sum_over_ranks((values - mean).square().sum())  # []
+    return (squares / (count - 1)).sqrt()
 
 
 def selective_log_softmax(logits: Tensor, token_ids: Tensor) -> Tensor:
@@ -71,6 +101,7 @@ def compute_importance_weights(
     correction: str = "shaping",
     shaping_beta: float = 0.1,
     truncation: float = 2.0,
+    level: str = "token",
 ) -> Tensor:
     """Per-token weights for replayed (off-policy) tokens, differentiable through `current_logps`.
 
@@ -86,19 +117,35 @@ def compute_importance_weights(
             "truncate" gives min(w, truncation) (truncated IS); "none" gives w.
         shaping_beta: beta of policy shaping; the paper uses 0.1.
         truncation: the cap of truncated IS.
+        level: "token" gives each token its own w; "sequence" (GSPO) gives every token of a row
+            w = exp(mean over its tokens of log pi_theta - log pi_behaviour), the correction then shaping or
+            truncating that one ratio.
 
     Returns:
         `[N, L]` weights, 0 on padding.
     """
     if correction not in OFF_POLICY_CORRECTIONS:
         raise ValueError(f"correction={correction!r}; allowed: {', '.join(OFF_POLICY_CORRECTIONS)}")
+    log_w = sequence_level(current_logps - behaviour_logps, mask, level)  # [N, L]
     # Clamp the log-ratio so one wild token cannot overflow exp(); 20 nats is far past any useful weight.
-    w = torch.exp((current_logps - behaviour_logps).clamp(-20.0, 20.0))  # [N, L]
+    w = torch.exp(log_w.clamp(-20.0, 20.0))  # [N, L]
     if correction == "shaping":
         w = w / (w + shaping_beta)
     elif correction == "truncate":
         w = w.clamp(max=truncation)
     return w * mask  # [N, L]
+
+
+def sequence_level(log_ratio: Tensor, mask: Tensor, level: str) -> Tensor:
+    """`log_ratio` `[N, L]` as it is ("token"), or each row's mean over its `mask`ed tokens broadcast to all
+    its tokens ("sequence", GSPO's length-normalised sequence ratio, as TRL computes it)."""
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"importance_sampling_level={level!r}; allowed: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}"
+        )
+    if level == "token":
+        return log_ratio
+    return masked_mean(log_ratio, mask, dim=1).unsqueeze(1).expand_as(log_ratio)  # [N, L]
 
 
 def replayed_terms(
@@ -131,17 +178,25 @@ def replayed_terms(
 
 @dataclass
 class LossNormaliser:
-    """Denominators of the whole batch, so micro-batched losses add up to the full-batch loss exactly.
+    """Denominators of the whole batch, so micro-batched losses add up to the full-batch loss exactly, and
+    the ranks' losses to the loss of all ranks' rows.
+
+    Under data parallelism each rank holds part of the batch and DDP (or DeepSpeed) averages the ranks'
+    gradients. The counts are then those of every rank together and `world_size` the number of ranks: each
+    rank's loss is its rows' share of the whole batch's loss times `world_size`, so the average of the ranks'
+    gradients is the gradient of the whole batch, whatever each rank's token count.
 
     Args:
-        num_sequences: rollouts in the whole batch.
-        num_tokens: real (unmasked) completion tokens in the whole batch.
+        num_sequences: rollouts in the whole batch (all ranks).
+        num_tokens: real (unmasked) completion tokens in the whole batch (all ranks).
         max_completion_length: the generation budget, Dr. GRPO's constant normaliser.
+        world_size: ranks whose gradients are averaged (1 without data parallelism).
     """
 
     num_sequences: int
     num_tokens: int
     max_completion_length: int
+    world_size: int = 1
 
 
 def compute_grpo_loss(
@@ -154,18 +209,24 @@ def compute_grpo_loss(
     loss_type: str = "dapo",
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
+    delta: float | None = None,
+    importance_sampling_level: str = "token",
     importance_weights: Tensor | None = None,
     replayed: Tensor | None = None,
     ref_logps: Tensor | None = None,
     beta: float = 0.0,
+    use_bias_correction_kl: bool = True,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The clipped GRPO surrogate, with ExGRPO's weighted objective on replayed rows.
+    """The clipped GRPO surrogate, with ExGRPO's weighted objective on replayed rows (TRL's `_compute_loss`).
 
-    On-policy rows: -min(r A, clip(r, 1-eps_low, 1+eps_high) A) with r = exp(logps - old_logps).
+    On-policy rows: -min(r' A, clip(r, 1-eps_low, 1+eps_high) A) with r = exp(logps - old_logps) per token
+    (or GSPO's sequence ratio) and r' = min(r, delta) when `delta` is set (two-sided clipping), else r.
     Replayed rows: -f(w) A with f(w) from `compute_importance_weights` and no clipping (the paper's
-    mixed-policy objective). Optional k3 KL to a reference and an entropy bonus are added per token.
+    mixed-policy objective; `delta` is not applied to them, `is_truncation` caps w there). A k3 KL to a
+    reference is added per token (times r when `use_bias_correction_kl`), and the whole is reduced by the loss
+    type's normaliser; the entropy bonus is then subtracted as a token mean, the same for every loss type.
 
     Args:
         logps: `[N, L]` current log-probs (with grad).
@@ -176,10 +237,20 @@ def compute_grpo_loss(
         normaliser: whole-batch denominators (see `LossNormaliser`).
         loss_type: "grpo" averages tokens per sequence then sequences; "dr_grpo" divides the token sum by
             num_sequences * max_completion_length; "dapo" divides it by the batch's token count.
+        epsilon_low: lower clipping range of r.
+        epsilon_high: upper clipping range of r (0 allowed: no increase of a token's probability is rewarded).
+        delta: upper bound of the unclipped ratio (INTELLECT-2's two-sided clipping); None: none.
+        importance_sampling_level: "token" (one ratio per token) or "sequence" (GSPO: every token of a row
+            has exp(the mean of its tokens' log-ratios)); replayed rows' weights are made at the same level
+            by `compute_importance_weights`.
         importance_weights: `[N, L]` f(w) for replayed rows; required when `replayed` has a True row.
         replayed: `[N]` bool, rows that came out of the buffer.
         ref_logps: `[N, L]` reference-policy log-probs; used when `beta > 0`.
+        beta: weight of the KL.
+        use_bias_correction_kl: multiply each token's KL estimate by r (before `delta`), which makes its
+            gradient the unbiased reverse-KL gradient (DeepSeek-V3.2; TRL's default).
         entropy: `[N, L]` token entropy (with grad); used when `entropy_coef > 0`.
+        entropy_coef: the loss is lowered by this times the mean entropy of the whole batch's masked tokens.
 
     Returns:
         The scalar loss and detached statistics: clip_ratio (share of on-policy tokens clipped), kl,
@@ -189,10 +260,11 @@ def compute_grpo_loss(
         raise ValueError(f"loss_type={loss_type!r}; allowed: {', '.join(LOSS_TYPES)}")
     maskf = mask.to(logps.dtype)  # [N, L]
     adv = advantages.unsqueeze(1)  # [N, 1]
-    ratio = torch.exp(logps - old_logps)  # [N, L]
+    ratio = torch.exp(sequence_level(logps - old_logps, mask, importance_sampling_level))  # [N, L]
     clipped = ratio.clamp(1 - epsilon_low, 1 + epsilon_high)  # [N, L]
-    per_token = -torch.min(ratio * adv, clipped * adv)  # [N, L]
-    is_clipped = (ratio * adv) > (clipped * adv)  # [N, L] the min picked the clipped branch
+    unclipped = ratio if delta is None else ratio.clamp(max=delta)  # [N, L]
+    per_token = -torch.min(unclipped * adv, clipped * adv)  # [N, L]
+    is_clipped = (unclipped * adv) > (clipped * adv)  # [N, L] the min picked the clipped branch
 
     stats: dict[str, Tensor] = {}
     if replayed is not None and bool(replayed.any()):
@@ -209,14 +281,10 @@ def compute_grpo_loss(
     if beta > 0.0:
         if ref_logps is None:
             raise ValueError("compute_grpo_loss: beta > 0 needs ref_logps")
-        delta = ref_logps - logps  # [N, L]
-        kl = torch.exp(delta) - delta - 1  # [N, L] k3 estimator, always >= 0
-        per_token = per_token + beta * kl
+        log_ref_ratio = ref_logps - logps  # [N, L]
+        kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1  # [N, L] k3 estimator, always >= 0
         stats["kl"] = masked_mean(kl.detach(), mask)
-    if entropy_coef > 0.0:
-        if entropy is None:
-            raise ValueError("compute_grpo_loss: entropy_coef > 0 needs entropy")
-        per_token = per_token - entropy_coef * entropy  # a bonus: higher entropy lowers the loss
+        per_token = per_token + beta * (kl * ratio if use_bias_correction_kl else kl)
 
     if loss_type == "grpo":
         per_seq = (per_token * maskf).sum(1) / maskf.sum(1).clamp(min=1)  # [N]
@@ -225,4 +293,9 @@ def compute_grpo_loss(
         loss = (per_token * maskf).sum() / (normaliser.num_sequences * normaliser.max_completion_length)
     else:
         loss = (per_token * maskf).sum() / max(normaliser.num_tokens, 1)
-    return loss, stats
+    if entropy_coef > 0.0:
+        if entropy is None:
+            raise ValueError("compute_grpo_loss: entropy_coef > 0 needs entropy")
+        # A bonus: higher entropy lowers the loss. A token mean whatever the loss type, as TRL's.
+        loss = loss - entropy_coef * (entropy * maskf).sum() / max(normaliser.num_tokens, 1)
+    return loss * normaliser.world_size, stats

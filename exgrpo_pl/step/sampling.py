@@ -14,6 +14,7 @@ from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.step.assembly import assemble_groups
+from exgrpo_pl.step.losses import SumOverRanks
 from exgrpo_pl.step.plan import RolloutPlan, plan_rollouts
 
 # What a `sample_groups` sampler returns, in this order (optionally followed by the decoded completions).
@@ -99,6 +100,7 @@ def sample_groups(
     scale_rewards: str = "group",
     policy_version: int = 0,
     correct_threshold: float = 0.5,
+    sum_over_ranks: SumOverRanks | None = None,
 ) -> RolloutBatch:
     """`plan_rollouts`, your sampler, `fresh_rollouts` and `assemble_groups`: the groups a step trains on.
 
@@ -113,6 +115,8 @@ def sample_groups(
         scale_rewards: "group", "batch" or "none", as for `group_advantages`.
         policy_version: the step whose policy samples (`self.global_step`).
         correct_threshold: a row is correct when its reward exceeds this.
+        sum_over_ranks: as for `assemble_groups` (under DDP, e.g. `lambda t: self.trainer.strategy.reduce(t,
+            reduce_op="sum")`, so that "batch" scaling takes the std of every rank's rewards).
 
     Returns:
         As `assemble_groups`: groups of K rows (stored row first in a replayed question's group) with their
@@ -134,7 +138,7 @@ def sample_groups(
         fresh = fresh_rollouts(
             plan, *sampled, policy_version=policy_version, correct_threshold=correct_threshold
         )
-    return assemble_groups(plan, fresh, scale_rewards)
+    return assemble_groups(plan, fresh, scale_rewards, sum_over_ranks)
 
 
 def _check_sampled_rows(plan: RolloutPlan, sampled: Sequence, rollout_fn: Callable) -> None:

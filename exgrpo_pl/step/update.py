@@ -82,16 +82,16 @@ class PolicyUpdate:
 
         Returns:
             Detached statistics: loss, clip_ratio, is_weight, kl, grad_norm, nonfinite_steps; loss is NaN when
-                the update was skipped.
+            the update was skipped. Under data parallelism the loss is this rank's share of the whole batch's
+            loss times the number of ranks (`LossNormaliser`): its mean over the ranks is the batch's loss.
         """
         hp = self.hparams
-        epsilon_high = hp.epsilon_high or hp.epsilon
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         loss_mask = rollouts.completion_mask
         if hp.mask_truncated_completions:
             _, truncated = completion_mask_from_ids(rollouts.completion_ids, self.eos_token_ids)
             loss_mask = loss_mask & ~truncated.unsqueeze(1)
-        normaliser = LossNormaliser(len(rollouts), int(loss_mask.sum()), hp.max_completion_length)
+        normaliser = self.loss_normaliser(len(rollouts), loss_mask)
         old_logps = torch.zeros_like(rollouts.behaviour_logps)
         size = hp.micro_batch_size or len(rollouts)
         totals: dict[str, float] = {}
@@ -112,13 +112,12 @@ class PolicyUpdate:
                     weights = compute_importance_weights(
                         logps, rollouts.behaviour_logps[rows], rollouts.completion_mask[rows],
                         hp.off_policy_correction, hp.shaping_beta, hp.is_truncation,
+                        hp.importance_sampling_level,
                     )  # fmt: skip
                 loss, stats = compute_grpo_loss(
                     logps, old_logps[rows], rollouts.advantages[rows], loss_mask[rows], normaliser,
-                    loss_type=hp.loss_type, epsilon_low=hp.epsilon, epsilon_high=epsilon_high,
                     importance_weights=weights, replayed=rollouts.replayed[rows],
-                    ref_logps=self.reference_logps(rollouts, rows), beta=hp.beta,
-                    entropy=entropy, entropy_coef=hp.entropy_coef,
+                    ref_logps=self.reference_logps(rollouts, rows), entropy=entropy, **loss_options(hp),
                 )  # fmt: skip
                 finite = self._finite_on_every_rank(loss)
                 if not finite:
@@ -150,6 +149,19 @@ class PolicyUpdate:
             self.nonfinite.passed()
         totals["nonfinite_steps"] = float(self.nonfinite.skipped)
         return {key: torch.as_tensor(value) for key, value in totals.items()}
+
+    def loss_normaliser(self, num_rows: int, loss_mask: Tensor) -> LossNormaliser:
+        """The step's `LossNormaliser`: rows and loss tokens counted over every rank (one all-reduce)."""
+        counts = torch.stack([torch.tensor(num_rows, device=loss_mask.device), loss_mask.sum()])  # [2]
+        counts = self.sum_over_ranks(counts)
+        num_sequences, num_tokens = (int(count) for count in counts)
+        return LossNormaliser(
+            num_sequences, num_tokens, self.hparams.max_completion_length, self.trainer.world_size
+        )
+
+    def sum_over_ranks(self, values: Tensor) -> Tensor:
+        """`values` summed over every rank (`sum_over_ranks`)."""
+        return sum_over_ranks(self.trainer, values)
 
     def reference_logps(self, rollouts: RolloutBatch, rows: slice) -> Tensor | None:
         """`[rows, C]` log-probs of the completions under the KL reference; None when beta is 0."""
@@ -203,6 +215,29 @@ class PolicyUpdate:
         if engine is not None:
             return bool(engine.fp16_enabled())
         return getattr(self.trainer.precision_plugin, "scaler", None) is not None
+
+
+def sum_over_ranks(trainer, values: Tensor) -> Tensor:
+    """`values` summed over every rank of `trainer` (an all-reduce on a copy, which every rank must reach);
+    `values` itself on one rank or without a trainer."""
+    if trainer is None or trainer.world_size == 1:
+        return values
+    return trainer.strategy.reduce(values.clone(), reduce_op="sum")
+
+
+def loss_options(hp) -> dict:
+    """`compute_grpo_loss`'s keyword arguments from the module's options (`hparams`)."""
+    return dict(
+        loss_type=hp.loss_type,
+        epsilon_low=hp.epsilon,
+        # 0 is a setting (no reward for raising a token's probability), so only None means "= epsilon".
+        epsilon_high=hp.epsilon if hp.epsilon_high is None else hp.epsilon_high,
+        delta=hp.delta,
+        importance_sampling_level=hp.importance_sampling_level,
+        beta=hp.beta,
+        use_bias_correction_kl=hp.use_bias_correction_kl,
+        entropy_coef=hp.entropy_coef,
+    )
 
 
 def _accumulate(totals: dict[str, float], values: dict[str, Tensor], share: float) -> None:

@@ -51,12 +51,24 @@ def tiny_trainer(tmp_path, **kwargs):
         ({"loss_type": "ppo"}, "allowed: grpo, dr_grpo, dapo"),
         ({"scale_rewards": "median"}, "allowed: group, batch, none"),
         ({"off_policy_correction": "clip"}, "allowed: shaping, truncate, none"),
+        ({"importance_sampling_level": "word"}, "importance_sampling_level='word'.*allowed: token, sequence"),
+        ({"delta": 1.0}, "delta=1.0: must be > 1"),
         ({"top_p": 0.0}, "top_p=0.0"),
     ],
 )
 def test_bad_settings_are_rejected_at_construction(tiny_model_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
         ExGRPOModule(model_name_or_path=tiny_model_dir, **kwargs)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+def test_sequence_level_ratio_with_a_token_sum_loss_warns(tiny_model_dir, loss_type):
+    with pytest.warns(
+        UserWarning, match=f"importance_sampling_level='sequence' with loss_type='{loss_type}'"
+    ):
+        ExGRPOModule(
+            model_name_or_path=tiny_model_dir, loss_type=loss_type, importance_sampling_level="sequence"
+        )
 
 
 def test_module_follows_the_replay_contract(tiny_model_dir):

@@ -1,6 +1,7 @@
 """exgrpo_pl.step.losses on hand-computed cases, plus properties that must hold for any input."""
 
 import math
+import threading
 
 import pytest
 import torch
@@ -8,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.step.losses import (
+    LOSS_TYPES,
     LossNormaliser,
+    batch_std,
     compute_grpo_loss,
     compute_importance_weights,
     group_advantages,
@@ -194,3 +197,180 @@ def test_shaped_weight_is_bounded_and_monotone(w, beta):
     f = compute_importance_weights(logp, torch.zeros(1, 1, dtype=torch.float64), mask, "shaping", beta)
     f2 = compute_importance_weights(logp + 0.1, torch.zeros(1, 1, dtype=torch.float64), mask, "shaping", beta)
     assert 0 < f.item() < 1 and f2.item() >= f.item()
+
+
+def on_ranks(parts, fn):
+    """`fn(part, sum_over_ranks)` run for each part in its own thread, as ranks would run it: `sum_over_ranks`
+    is an all-reduce (sum) among the threads. Returns each rank's result."""
+    slots, results = [None] * len(parts), [None] * len(parts)
+    barrier = threading.Barrier(len(parts))
+
+    def rank(r):
+        def sum_over_ranks(tensor):
+            slots[r] = tensor
+            barrier.wait()
+            total = sum(slots)
+            barrier.wait()  # every rank has read the slots before any writes its next collective
+            return total
+
+        results[r] = fn(parts[r], sum_over_ranks)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(parts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return results
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    groups=st.lists(st.integers(min_value=1, max_value=3), min_size=2, max_size=4),
+    seed=st.integers(min_value=0, max_value=10_000),
+)
+def test_batch_scaling_on_ranks_divides_by_the_std_of_every_ranks_rewards(groups, seed):
+    """Rank r holds groups[r] groups of 4 rewards, each rank on its own scale."""
+    gen = torch.Generator().manual_seed(seed)
+    parts = [torch.rand(4 * g, generator=gen, dtype=torch.float64) * (r + 1) for r, g in enumerate(groups)]
+    ranks = on_ranks(parts, lambda part, reduce: group_advantages(part, 4, "batch", 0.0, reduce))
+    whole = group_advantages(torch.cat(parts), 4, "batch", eps=0.0)
+    assert torch.allclose(torch.cat(ranks), whole, rtol=1e-12, atol=1e-12)
+    stds = on_ranks(parts, batch_std)
+    assert all(torch.allclose(std, torch.cat(parts).std(), rtol=1e-12) for std in stds)
+
+
+def _batch(seed, n=8, length=5):
+    """float64 log-probs (with grad), old and reference log-probs, behaviour log-probs, advantages, a mask
+    with rows of every length 0..length, and token entropies (with grad)."""
+    gen = torch.Generator().manual_seed(seed)
+    logps = torch.log(torch.rand(n, length, generator=gen, dtype=torch.float64) * 0.9 + 0.05).requires_grad_()
+    old, ref, behaviour = (logps.detach() + 0.3 * torch.randn(n, length, generator=gen) for _ in range(3))
+    lengths = torch.randint(0, length + 1, (n,), generator=gen)
+    mask = torch.arange(length) < lengths.unsqueeze(1)
+    entropy = torch.rand(n, length, generator=gen, dtype=torch.float64).requires_grad_()
+    return logps, old, ref, behaviour, torch.randn(n, generator=gen, dtype=torch.float64), mask, entropy
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    loss_type=st.sampled_from(LOSS_TYPES),
+    level=st.sampled_from(["token", "sequence"]),
+    cuts=st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=3, unique=True),
+    micro=st.integers(min_value=1, max_value=8),
+    delta=st.sampled_from([None, 1.5]),
+    seed=st.integers(min_value=0, max_value=10_000),
+)
+def test_ranks_average_to_the_gradient_of_their_whole_batch(loss_type, level, cuts, micro, delta, seed):
+    """Rows split at `cuts` over ranks (unequal rows and tokens), each rank's micro-batches backward with the
+    whole batch's counts; DDP's average of the ranks' gradients is the one-process gradient."""
+    logps, old, ref, behaviour, adv, mask, entropy = _batch(seed)
+    replayed = torch.arange(len(adv)) % 3 == 0
+    options = dict(
+        loss_type=loss_type, importance_sampling_level=level, delta=delta, epsilon_high=0.28, beta=0.04,
+        entropy_coef=0.01,
+    )  # fmt: skip
+
+    def loss(rows, normaliser):
+        weights = compute_importance_weights(logps[rows], behaviour[rows], mask[rows], level=level)
+        return compute_grpo_loss(
+            logps[rows], old[rows], adv[rows], mask[rows], normaliser, importance_weights=weights,
+            replayed=replayed[rows], ref_logps=ref[rows], entropy=entropy[rows], **options,
+        )[0]  # fmt: skip
+
+    n = len(adv)
+    whole = LossNormaliser(n, int(mask.sum()), 5)
+    loss(slice(None), whole).backward()
+    expected = logps.grad.clone(), entropy.grad.clone()
+    logps.grad, entropy.grad = None, None
+    bounds = [0, *sorted(cuts), n]
+    ranks = LossNormaliser(n, int(mask.sum()), 5, world_size=len(bounds) - 1)
+    for start, stop in zip(bounds, bounds[1:]):
+        for first in range(start, stop, micro):
+            loss(slice(first, min(first + micro, stop)), ranks).backward()
+    averaged = logps.grad / ranks.world_size, entropy.grad / ranks.world_size  # DDP's mean over ranks
+    for got, want in zip(averaged, expected):
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-14)
+
+
+def test_sequence_level_ratio_is_the_exp_of_the_mean_token_log_ratio():
+    logps = torch.log(torch.tensor([[0.6, 0.3, 0.5]], dtype=torch.float64)).requires_grad_()
+    old = torch.log(torch.tensor([[0.5, 0.3, 0.9]], dtype=torch.float64))
+    mask = torch.tensor([[True, True, False]])  # the third token is padding: not in the mean
+    loss, _ = compute_grpo_loss(
+        logps, old, torch.tensor([1.0], dtype=torch.float64), mask, LossNormaliser(1, 2, 3),
+        loss_type="grpo", importance_sampling_level="sequence",
+    )  # fmt: skip
+    ratio = math.exp((math.log(0.6 / 0.5) + 0.0) / 2)  # 1.095, inside [0.8, 1.2]
+    assert torch.allclose(loss, torch.tensor(-ratio, dtype=torch.float64))
+    loss.backward()  # d(-r)/d logp_t = -r / 2 for both real tokens, 0 on padding
+    assert torch.allclose(logps.grad, torch.tensor([[-ratio / 2, -ratio / 2, 0.0]], dtype=torch.float64))
+    weights = compute_importance_weights(
+        logps.detach(), old, mask, correction="shaping", shaping_beta=0.1, level="sequence"
+    )
+    shaped = ratio / (ratio + 0.1)  # one shaped weight for every real token of the row
+    assert torch.allclose(weights, torch.tensor([[shaped, shaped, 0.0]], dtype=torch.float64))
+
+
+def test_delta_caps_the_unclipped_ratio_of_negative_advantages():
+    logps = torch.log(torch.tensor([[0.9]])).requires_grad_()
+    old = torch.log(torch.tensor([[0.3]]))  # ratio 3
+    mask, norm = torch.ones(1, 1, dtype=torch.bool), LossNormaliser(1, 1, 1)
+    plain, _ = compute_grpo_loss(logps, old, torch.tensor([-1.0]), mask, norm)
+    capped, stats = compute_grpo_loss(logps, old, torch.tensor([-1.0]), mask, norm, delta=2.0)
+    assert torch.allclose(plain, torch.tensor(3.0)) and torch.allclose(capped, torch.tensor(2.0))
+    capped.backward()
+    assert logps.grad.item() == 0  # past delta the token no longer pushes
+    assert stats["clip_ratio"] == 0  # the min took the (capped) unclipped branch
+
+
+def test_bias_corrected_kl_has_the_ratio_in_its_gradient():
+    logps = torch.log(torch.tensor([[0.5]], dtype=torch.float64)).requires_grad_()
+    ref = torch.log(torch.tensor([[0.25]], dtype=torch.float64))
+    mask, norm = torch.ones(1, 1, dtype=torch.bool), LossNormaliser(1, 1, 1)
+    kl = 0.5 - math.log(0.5) - 1  # exp(d) - d - 1, d = log(0.25 / 0.5)
+    grads = {}
+    for corrected in (False, True):
+        logps.grad = None
+        loss, _ = compute_grpo_loss(
+            logps, logps.detach(), torch.zeros(1, dtype=torch.float64), mask, norm, ref_logps=ref, beta=1.0,
+            use_bias_correction_kl=corrected,
+        )  # fmt: skip
+        assert torch.allclose(loss, torch.tensor(kl, dtype=torch.float64))  # r = 1: the same value
+        loss.backward()
+        grads[corrected] = logps.grad.item()
+    # d kl / d logp = 1 - exp(d) = 0.5; with r = exp(logp - old) the product rule adds kl * r = kl.
+    assert math.isclose(grads[False], 0.5) and math.isclose(grads[True], 0.5 + kl)
+
+
+def test_entropy_bonus_is_the_token_mean_for_every_loss_type():
+    mask = torch.tensor([[True, False, False], [True, True, True]])  # 1 and 3 tokens
+    entropy = torch.tensor([[2.0, 9.0, 9.0], [1.0, 1.0, 1.0]])
+    logps = torch.zeros(2, 3)
+    norm = LossNormaliser(2, 4, 3)
+    for loss_type in LOSS_TYPES:
+        loss, _ = compute_grpo_loss(
+            logps, logps, torch.zeros(2), mask, norm, loss_type=loss_type, entropy=entropy, entropy_coef=0.1
+        )
+        assert torch.allclose(loss, torch.tensor(-0.1 * (2.0 + 3.0) / 4)), loss_type
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_replayed_rows_keep_their_shaped_weight_under_delta_at_either_level(level):
+    """delta and the clip range act on fresh rows' ratio; a replayed row's term stays -f(w) A, with w the
+    token's or (GSPO) the sequence's ratio to the behaviour policy."""
+    logps = torch.log(torch.tensor([[0.9, 0.6], [0.9, 0.6]], dtype=torch.float64)).requires_grad_()
+    old = torch.log(torch.tensor([[0.3, 0.3], [0.3, 0.3]], dtype=torch.float64))  # fresh ratios 3 and 2
+    behaviour = torch.log(torch.tensor([[0.1, 0.2], [0.1, 0.2]], dtype=torch.float64))  # w = 9 and 3
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    replayed = torch.tensor([False, True])
+    weights = compute_importance_weights(logps, behaviour, mask, "shaping", 0.1, level=level)
+    loss, _ = compute_grpo_loss(
+        logps, old, torch.tensor([-1.0, 1.0], dtype=torch.float64), mask, LossNormaliser(2, 4, 2),
+        delta=1.5, importance_sampling_level=level, importance_weights=weights, replayed=replayed,
+    )  # fmt: skip
+    w = torch.tensor([9.0, 3.0], dtype=torch.float64)
+    if level == "sequence":
+        w = w.log().mean().exp().expand(2)  # sqrt(27)
+    fresh = [1.5, 1.5]  # A < 0: -min(min(r, 1.5) A, clip(r) A) = 1.5 for r = 3 and r = 2 (and for sqrt(6))
+    expected = (sum(fresh) - (w / (w + 0.1)).sum()) / 4
+    assert torch.allclose(loss, expected)

@@ -12,7 +12,8 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate
+from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate, loss_options
 
 
 def test_scaled_gradients_are_measured_and_clipped_as_unscaled():
@@ -30,6 +31,12 @@ def test_scaled_gradients_are_measured_and_clipped_as_unscaled():
     )
     assert PolicyUpdate._clip_gradients(module, None) == 5.0
     assert torch.allclose(weight.grad / 1024, torch.tensor([0.6, 0.8]))
+
+
+@pytest.mark.parametrize(("epsilon_high", "expected"), [(None, 0.2), (0.0, 0.0), (0.28, 0.28)])
+def test_epsilon_high_defaults_to_epsilon_and_zero_is_kept(tiny_model_dir, epsilon_high, expected):
+    module = ExGRPOModule(model_name_or_path=tiny_model_dir, epsilon=0.2, epsilon_high=epsilon_high)
+    assert loss_options(module.hparams)["epsilon_high"] == expected
 
 
 def test_a_loss_scaler_overflow_is_counted_but_does_not_stop_the_run():
