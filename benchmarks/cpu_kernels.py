@@ -3,9 +3,11 @@
 Runs the first steps of `exgrpo fit --config configs/quickstart.yaml` (no validation, a loss logged every
 step) under settings that each change one thing a machine can differ in: the thread count, MKL's instruction
 set (MKL_ENABLE_INSTRUCTIONS) and the vectorised kernels ATen picks by the CPU's instruction set
-(ATEN_CPU_CAPABILITY: "default" is the portable build every x86-64 CPU runs the same way). It prints which
-settings give the same losses bit for bit, and the wall time of the portable kernels against the machine's
-own, alternating rounds side by side. Writes benchmarks/results/cpu_kernels.json.
+(ATEN_CPU_CAPABILITY: "default" is ATen's portable build). It prints which settings give the same losses bit
+for bit on the machine it runs on, and the wall time of the portable kernels against the machine's own,
+alternating rounds side by side. Writes benchmarks/results/cpu_kernels.json. What it finds holds for that
+machine only: settings that change nothing on one CPU (the thread count, MKL's instruction set) changed the
+losses on another, and MKL's own code path (MKL_CBWR) is not pinned by any of them.
 
     python benchmarks/cpu_kernels.py                    # 20 steps, 2 rounds of the timed pair
     python benchmarks/cpu_kernels.py --steps 1 --rounds 1 --settings "one thread"   # a smoke run
@@ -38,6 +40,10 @@ SETTINGS = {
     "ATen portable kernels": {"ATEN_CPU_CAPABILITY": "default"},
     "ATen portable kernels, MKL limited to AVX2": {
         "ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "AVX2"
+    },
+    # MKL's conditional numerical reproducibility: its SSE2-era path, whatever the CPU.
+    "ATen portable kernels, MKL_CBWR=COMPATIBLE": {
+        "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"
     },
 }  # fmt: skip
 TIMED = ("this CPU's kernels", "ATen portable kernels")

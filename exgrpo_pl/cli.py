@@ -21,15 +21,16 @@ from pathlib import Path
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Checkpoint
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from exgrpo_pl.checkpoints.atomic_writes import local_path, write_files_atomically
 from exgrpo_pl.checkpoints.export import main as export_main
 from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
 from exgrpo_pl.data import PromptDataModule
-from exgrpo_pl.evaluation.report import to_markdown, write_report
+from exgrpo_pl.evaluation.report import report_files, to_markdown
 from exgrpo_pl.module.grpo import ExGRPOModule
 from exgrpo_pl.moved import ModuleMovedError, MovedModuleWarning, moved_message, old_paths_in, removed
 
@@ -127,8 +128,39 @@ class ExGRPOCLI(LightningCLI):
         print("\n" + to_markdown(table))
         logger = self.trainer.logger
         directory = logger.log_dir if logger is not None and logger.log_dir else self.trainer.default_root_dir
-        json_path, markdown_path = write_report(table, directory, name)
+        files = report_files(table, directory, name)
+        write_files_atomically(files)  # both or neither: a full disk leaves the previous run's pair whole
+        json_path, markdown_path = files
         print(f"  table:       {json_path}\n               {markdown_path}")
+
+
+class AtomicSaveConfigCallback(SaveConfigCallback):
+    """Lightning's `SaveConfigCallback` (same arguments), writing a local config file with
+    `write_files_atomically`: Lightning's writer opens the file for writing, which empties it, so with
+    `overwrite=True` (as `exgrpo` runs) a full disk or a kill would leave a resumed run's config.yaml cut
+    short; here it is the old file or the new one. `multifile=True` and remote paths keep Lightning's writer.
+    """
+
+    def __init__(self, parser, config, *args, **kwargs) -> None:
+        super().__init__(_AtomicSave(parser), config, *args, **kwargs)
+
+
+class _AtomicSave:
+    """The CLI's parser, whose `save` of one local file writes it atomically (else the parser's own)."""
+
+    def __init__(self, parser) -> None:
+        self._parser = parser
+
+    def __getattr__(self, name: str):
+        return getattr(self._parser, name)
+
+    def save(self, config, path, *, overwrite: bool = False, multifile: bool = False, **dump_options) -> None:
+        local = local_path(path)
+        if multifile or local is None:
+            self._parser.save(config, path, overwrite=overwrite, multifile=multifile, **dump_options)
+            return
+        # SaveConfigCallback has refused an existing file already unless `overwrite` allows it.
+        write_files_atomically({local: self._parser.dump(config, **dump_options)})
 
 
 def _own_code() -> tuple[Path, Path]:
@@ -204,6 +236,7 @@ def main(args=None) -> None:
     ExGRPOCLI(
         ExGRPOModule,
         PromptDataModule,
+        save_config_callback=AtomicSaveConfigCallback,
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,
         args=args,

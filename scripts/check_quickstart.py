@@ -2,14 +2,15 @@
 
 The README states the validation pass@1 before and after the quickstart (`went from **A to B**`) and the
 best value on the way (`best C at step S`), twice: first with ATen's portable CPU kernels
-(ATEN_CPU_CAPABILITY=default), which every x86-64 CPU runs the same way, then with the kernels ATen picks
-for this project's machine (AVX-512), which another CPU replaces by its own and rounds differently
-(benchmarks/cpu_kernels.py shows it). This runs `exgrpo fit --config configs/quickstart.yaml` in a temporary
+(ATEN_CPU_CAPABILITY=default), then with the kernels ATen picks for this project's machine (AVX-512). Both
+were measured on this project's machine: the portable kernels pin ATen's rounding but not MKL's, whose code
+path depends on the CPU (benchmarks/cpu_kernels.py lists what changes the losses on a machine), so another
+machine may print other numbers. This runs `exgrpo fit --config configs/quickstart.yaml` in a temporary
 directory with the portable kernels (with `--native`: the CPU's own, checked against the second sentence),
 reads the run's TensorBoard events, prints what it measured beside what the README says, and exits 1 if they
 differ (in the third decimal). A run of minutes, so a script to run, not a test.
 
-    python scripts/check_quickstart.py              # any x86-64 machine, this torch wheel
+    python scripts/check_quickstart.py              # the portable kernels' sentence
     python scripts/check_quickstart.py --native     # this project's machine (ATen's AVX-512 kernels)
 """
 

@@ -1,6 +1,10 @@
 """The `exgrpo` command: fit, validate and test run end to end on a tiny model and say where things are;
 checkpoints are kill-proof by default, saved when a run stops and found by `--ckpt_path last`."""
 
+import builtins
+import errno
+import io
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from exgrpo_pl import moved
 from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
+from exgrpo_pl.checkpoints.saving import OutOfSpaceError
 from exgrpo_pl.cli import ExGRPOCLI, main
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.experience import TrajectoryBuffer
@@ -214,3 +219,64 @@ def test_after_the_removal_an_old_path_in_a_config_is_a_short_error(tiny_args, t
         *old_path_lines(config, f"the old path was removed in exgrpo-pl {REMOVED_IN}"),
     ]
     assert not (tmp_path / "lightning_logs").exists()
+
+
+class FillsTheDisk:
+    """A file open for writing on a disk that fills up: a write stores half its bytes, then fails."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.file.__exit__(*exc)
+
+    def write(self, data):
+        self.file.write(data[: len(data) // 2])
+        self.file.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def fill_the_disk_for(monkeypatch, name: str) -> None:
+    """Files opened for writing whose name holds `name` (temp files named after it too) find the disk full,
+    however they are opened (`open`, `Path.write_text`)."""
+    real_open = io.open
+
+    def opens(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        writes = any(flag in mode for flag in "wxa")
+        return FillsTheDisk(handle) if writes and name in os.path.basename(os.fspath(file)) else handle
+
+    monkeypatch.setattr(io, "open", opens)
+    monkeypatch.setattr(builtins, "open", opens)
+
+
+@pytest.mark.parametrize("full", ["test.json", "test.md", "config.yaml"])
+def test_a_full_disk_leaves_the_previous_runs_report_and_config_whole_and_names_the_file(
+    tiny_args, tmp_path, monkeypatch, full
+):
+    """`exgrpo test` run again into the same folder on a full disk: an error naming the file, and the file
+    the previous run's, whole; test.json and test.md are written together: both new or both the previous."""
+
+    def run(questions):
+        task = f"{{class_path: exgrpo_pl.data.ArithmeticTask, init_args: {{num_questions: {questions}}}}}"
+        held = f"{{held: {{synthetic: {task}}}}}"
+        main(["test", *tiny_args, "--trainer.logger=false", f"--data.eval_sets={held}"])
+
+    run(4)
+    files = {name: (tmp_path / name).read_text() for name in ("test.json", "test.md", "config.yaml")}
+    assert json.loads(files["test.json"])["rows"]["held"]["problems"] == 4
+    fill_the_disk_for(monkeypatch, full)
+    with pytest.raises(
+        OutOfSpaceError, match=rf"No space left to write {tmp_path}/{full}: it needs at least"
+    ):
+        run(3)
+    monkeypatch.undo()
+    kept = ["config.yaml"] if full == "config.yaml" else ["test.json", "test.md"]  # config: new, written
+    assert {name: (tmp_path / name).read_text() for name in kept} == {name: files[name] for name in kept}
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left

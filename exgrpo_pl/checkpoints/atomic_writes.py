@@ -2,21 +2,25 @@
 
 A file is written under a temp name next to its final path (`temp_path`, a dot file no checkpoint lookup
 matches), flushed, fsynced and renamed over the final name, and the directory is fsynced
-(`save_atomically`); a link is replaced by renaming a new link over it (`link_atomically`); a DeepSpeed
-checkpoint folder is complete once it holds `COMPLETE_MARKER` (`mark_complete`). The temp files of killed
-writes are deleted by the next save into their directory (`remove_stale_temp_files`), and a full disk is
-named with the space needed (`OutOfSpaceError`). Used by `exgrpo_pl.checkpoints.saving`.
+(`save_atomically` for a checkpoint, `write_files_atomically` for text files written together, such as an
+evaluation's JSON and Markdown tables or a run's config.yaml); a link is replaced by renaming a new link
+over it (`link_atomically`); a DeepSpeed checkpoint folder is complete once it holds `COMPLETE_MARKER`
+(`mark_complete`). The temp files of killed writes are deleted by the next save into their directory
+(`remove_stale_temp_files`), and a full disk is named with the file and the space needed
+(`OutOfSpaceError`). Used by `exgrpo_pl.checkpoints.saving` and `exgrpo_pl.cli`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import secrets
 import shutil
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO
 
 import torch
 from fsspec.core import url_to_fs
@@ -97,6 +101,41 @@ def remove_stale_temp_files(directory: str) -> list[str]:
     return stale
 
 
+def _write_temp(path: str, write: Callable[[BinaryIO], None], needed_bytes: int, kept: str) -> str:
+    """Writes a temp file next to `path` with `write(file)`, flushed and fsynced; returns its name.
+
+    Raises:
+        OutOfSpaceError: the filesystem filled up (the temp file is deleted); its message ends with `kept`.
+    """
+    temp = temp_path(path)
+    try:
+        with open(temp, "xb") as file:  # unlike mkstemp's 0600, the file gets the umask's mode
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+    except BaseException as err:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp)
+        raise_if_out_of_space(err, path, needed_bytes, kept)
+        raise
+    return temp
+
+
+def _replace_all(temps: dict[str, str]) -> None:
+    """Renames each temp file over its final path (final path -> temp), then fsyncs their directories; a
+    temp file not renamed because a rename failed is deleted."""
+    try:
+        for path, temp in temps.items():
+            os.replace(temp, path)
+    except BaseException:
+        for temp in temps.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temp)  # those renamed are gone already
+        raise
+    for directory in {os.path.dirname(os.path.abspath(path)) for path in temps}:
+        _fsync_directory(directory)
+
+
 def save_atomically(checkpoint: dict[str, Any], path: str) -> None:
     """`torch.save` into a temp file next to `path`, fsync it, rename it over `path`, fsync the directory.
 
@@ -113,19 +152,40 @@ def save_atomically(checkpoint: dict[str, Any], path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     remove_stale_temp_files(directory)
-    temp = temp_path(path)
+    temp = _write_temp(
+        path, functools.partial(torch.save, checkpoint), tensor_bytes(checkpoint), _CHECKPOINTS_KEPT
+    )
+    _replace_all({path: temp})
+
+
+def write_files_atomically(contents: Mapping[str | os.PathLike, str]) -> None:
+    """Writes text files together: each into a temp file next to it, and only once every one is written,
+    each renamed over its final path, so an error or a full disk leaves every old file as it was.
+
+    A kill leaves each file old or new, never partial; only a kill between two renames (microseconds,
+    after every byte is on disk) leaves some files new and the others old. Stale temp files in the files'
+    directories are deleted first; missing directories are made.
+
+    Args:
+        contents: final local path -> its text (UTF-8).
+
+    Raises:
+        OutOfSpaceError: the filesystem filled up (the temp files are deleted, no file is replaced).
+    """
+    encoded = {os.fspath(path): text.encode() for path, text in contents.items()}
+    for directory in {os.path.dirname(os.path.abspath(path)) for path in encoded}:
+        os.makedirs(directory, exist_ok=True)
+        remove_stale_temp_files(directory)
+    temps: dict[str, str] = {}
     try:
-        with open(temp, "xb") as file:  # unlike mkstemp's 0600, the checkpoint gets the umask's mode
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException as err:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temp)
-        raise_if_out_of_space(err, path, tensor_bytes(checkpoint))
+        for path, data in encoded.items():
+            temps[path] = _write_temp(path, lambda file, data=data: file.write(data), len(data), _FILES_KEPT)
+    except BaseException:
+        for temp in temps.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temp)
         raise
-    _fsync_directory(directory)
+    _replace_all(temps)
 
 
 class OutOfSpaceError(OSError):
@@ -143,7 +203,23 @@ def tensor_bytes(value: Any) -> int:
     return 0
 
 
-def raise_if_out_of_space(err: BaseException, path: str, needed_bytes: int) -> None:
+_CHECKPOINTS_KEPT = (
+    "Nothing was written and existing checkpoints are untouched; free some space, or save elsewhere (the"
+    " checkpoint callback's `dirpath`, `trainer.default_root_dir`)."
+)
+_FILES_KEPT = (
+    "Nothing was written: the files there are as they were. Free some space, or write elsewhere"
+    " (`trainer.default_root_dir`, the logger's `save_dir`)."
+)
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.1f} MiB" if num_bytes >= 2**20 else f"{num_bytes / 2**10:.1f} KiB"
+
+
+def raise_if_out_of_space(
+    err: BaseException, path: str, needed_bytes: int, kept: str = _CHECKPOINTS_KEPT
+) -> None:
     """Raises `OutOfSpaceError` from `err` when it, or an error it arose from, says the disk or quota is full.
 
     torch's writer turns the `OSError` of a full disk into a bare `RuntimeError` ("unexpected pos"), which
@@ -153,6 +229,7 @@ def raise_if_out_of_space(err: BaseException, path: str, needed_bytes: int) -> N
         err: the error a write raised.
         path: what was being written.
         needed_bytes: what the write needs at least.
+        kept: what the failed write left as it was, and what to do; the message's last sentences.
     """
     cause, seen = err, set()
     while cause is not None and id(cause) not in seen:
@@ -161,10 +238,8 @@ def raise_if_out_of_space(err: BaseException, path: str, needed_bytes: int) -> N
             free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
             raise OutOfSpaceError(
                 errno.ENOSPC,
-                f"No space left to write {path}: it needs at least {needed_bytes / 2**20:.1f} MiB and"
-                f" {free / 2**20:.1f} MiB is free there ({cause.strerror}). Nothing was written and existing"
-                " checkpoints are untouched; free some space, or save elsewhere (the checkpoint callback's"
-                " `dirpath`, `trainer.default_root_dir`).",
+                f"No space left to write {path}: it needs at least {_size(needed_bytes)} and {_size(free)}"
+                f" is free there ({cause.strerror}). {kept}",
             ) from err
         cause = cause.__cause__ or cause.__context__
 
@@ -183,26 +258,13 @@ def link_atomically(target: str, link: str) -> None:
 
 
 def mark_complete(folder: str) -> None:
-    """Writes `COMPLETE_MARKER` into a checkpoint folder (temp file, rename, fsync): call it once every rank
+    """Writes `COMPLETE_MARKER` into a checkpoint folder (`write_files_atomically`): call it once every rank
     has finished writing into the folder.
 
     Args:
         folder: a local DeepSpeed checkpoint folder.
     """
-    marker = os.path.join(folder, COMPLETE_MARKER)
-    temp = temp_path(marker)
-    try:
-        with open(temp, "x") as file:
-            file.write("every rank's shards are written\n")
-            file.flush()
-            os.fsync(file.fileno())
-    except OSError as err:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temp)
-        raise_if_out_of_space(err, marker, 32)
-        raise
-    os.replace(temp, marker)
-    _fsync_directory(folder)
+    write_files_atomically({os.path.join(folder, COMPLETE_MARKER): "every rank's shards are written\n"})
 
 
 def mark_incomplete(folder: str) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
+import re
 import zipfile
 from typing import Any
 
@@ -80,7 +82,8 @@ def incomplete_reason(path: str) -> str | None:
     A file is intact when its zip index (written last by `torch.save`) is there and every record passes its
     CRC-32: this reads the whole file and unpickles nothing. A DeepSpeed checkpoint folder is complete once
     it holds `COMPLETE_MARKER` (DeepSpeed's own `latest` file is written by rank 0 alone, before the barrier
-    that waits for the other ranks' shards), and intact when every checkpoint file in it is.
+    that waits for the other ranks' shards) and every file DeepSpeed loads from it
+    (`missing_deepspeed_file`), and intact when every checkpoint file in it is.
 
     Args:
         path: a checkpoint file, link or folder.
@@ -88,6 +91,9 @@ def incomplete_reason(path: str) -> str | None:
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
             return f"no {COMPLETE_MARKER} file in the folder: a rank may not have finished writing its shards"
+        missing = missing_deepspeed_file(path)
+        if missing is not None:
+            return missing
         for root, _, names in sorted(os.walk(path)):
             for name in sorted(n for n in names if n.endswith(".pt")):  # DeepSpeed's shard files
                 file = os.path.join(root, name)
@@ -96,6 +102,56 @@ def incomplete_reason(path: str) -> str | None:
                     return f"{os.path.relpath(file, path)}: {reason}"
         return None
     return _file_reason(path)
+
+
+# A DeepSpeed shard: each data-parallel rank's optimizer states (`bf16_` under bf16), and under ZeRO-3 its
+# model states too (DeepSpeed's `_get_ckpt_name`, `_get_rank_zero_ckpt_name`).
+_SHARD = re.compile(
+    r"^(?P<prefix>(?:bf16_)?zero_pp_rank_)(?P<rank>\d+)_mp_rank_(?P<mp>\d+)_(?P<kind>optim|model)_states\.pt$"
+)
+
+
+def missing_deepspeed_file(folder: str) -> str | None:
+    """The first file a DeepSpeed checkpoint folder lacks that DeepSpeed loads on resume, as a reason; None
+    when none is missing.
+
+    The tag folder (named in `latest`, else every sub-folder) must hold the model states: one
+    `mp_rank_00_model_states.pt` below ZeRO-3, one `zero_pp_rank_<r>_mp_rank_00_model_states.pt` per rank
+    under it; and each kind of per-rank file present (model or optimizer states) must be there for every
+    rank up to the highest one found. Reads file names only, so a folder that lost every rank's optimizer
+    states is not told from one saved without them (no ZeRO).
+
+    Args:
+        folder: a local DeepSpeed checkpoint folder.
+    """
+    latest = os.path.join(folder, "latest")
+    if os.path.isfile(latest):
+        with open(latest) as file:
+            tags = [file.read().strip()]
+    else:
+        tags = sorted(name for name in os.listdir(folder) if os.path.isdir(os.path.join(folder, name)))
+    for tag in tags:
+        directory = os.path.join(folder, tag)
+        if not os.path.isdir(directory):
+            return f"{tag}/: the folder that its `latest` file names is missing"
+        names = set(os.listdir(directory))
+        shards = [match for match in map(_SHARD.match, names) if match is not None]
+        ranks = 1 + max((int(match["rank"]) for match in shards), default=0)
+        kinds = {(match["prefix"], match["mp"], match["kind"]) for match in shards}
+        expected = {
+            f"{prefix}{rank}_mp_rank_{mp}_{kind}_states.pt"
+            for prefix, mp, kind in kinds
+            for rank in range(ranks)
+        }
+        if not any(kind == "model" for _, _, kind in kinds):  # below ZeRO-3: one file of model states
+            expected.add("mp_rank_00_model_states.pt")
+        missing = sorted(expected - names)
+        if missing:
+            return (
+                f"{tag}/{missing[0]} is missing ({len(missing)} file(s) in all): DeepSpeed cannot load the"
+                " folder without it"
+            )
+    return None
 
 
 _INTACT: set[tuple[str, int, int]] = set()  # (real path, size, mtime) of the files found intact
@@ -140,7 +196,8 @@ def record_reason(path: str) -> str | None:
 def check_loadable(path: Any, option: str = "ckpt_path") -> None:
     """Raises ValueError naming `option` and `path` when `path` is a local file or folder that is not a
     complete, intact checkpoint (empty, truncated, corrupt, not a zip), instead of torch's bare `EOFError` or
-    zip error, or a run that trains on from corrupt weights.
+    zip error, or a run that trains on from corrupt weights; and `NotALightningCheckpointError` when it is a
+    file of other tensors (a plain `state_dict`), instead of Lightning's `KeyError`.
 
     Args:
         path: the checkpoint given; URLs, "last" and other non-files are left to the loader.
@@ -156,6 +213,48 @@ def check_loadable(path: Any, option: str = "ckpt_path") -> None:
             " it was damaged on disk, or it is not a checkpoint. Give another one, or `last`, which takes"
             " the newest intact checkpoint."
         )
+    if os.path.isfile(local):
+        try:  # memory-mapped: reads the pickle, not the tensors' bytes
+            checkpoint = torch.load(local, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError:
+            return  # it names code: the loader refuses it (`UnsafeCheckpointError`), naming what
+        check_lightning_checkpoint(checkpoint, path, option)
+
+
+class NotALightningCheckpointError(ValueError):
+    """A checkpoint to resume from is not one Lightning saved (a plain `state_dict`, say)."""
+
+
+def check_lightning_checkpoint(checkpoint: Any, path: Any, option: str = "ckpt_path") -> None:
+    """Raises `NotALightningCheckpointError` naming `option`, `path` and what the file holds when
+    `checkpoint` (what `torch.load` read from it) is not a checkpoint Lightning saved, which is what a resume
+    needs (Lightning itself fails with `KeyError: 'pytorch-lightning_version'`), and says how to start from
+    its weights instead.
+
+    Args:
+        checkpoint: the loaded file.
+        path: the file, for the message.
+        option: the option it came from, for the message.
+    """
+    if isinstance(checkpoint, dict) and "pytorch-lightning_version" in checkpoint:
+        return
+    if (
+        isinstance(checkpoint, dict)
+        and checkpoint
+        and all(isinstance(v, torch.Tensor) for v in checkpoint.values())
+    ):
+        what = f"a plain state_dict ({len(checkpoint)} tensors, the first {next(iter(checkpoint))!r})"
+    elif isinstance(checkpoint, dict):
+        keys = ", ".join(repr(key) for key in list(checkpoint)[:5]) + (", ..." if len(checkpoint) > 5 else "")
+        what = f"a dict of {len(checkpoint)} entries ({keys}) without 'pytorch-lightning_version'"
+    else:
+        what = f"a {type(checkpoint).__name__}"
+    raise NotALightningCheckpointError(
+        f"{option}={path}: {what}, not a checkpoint that Lightning saved; {option} resumes a run from one"
+        " (what `exgrpo fit` or `Trainer.save_checkpoint` writes). To train from these weights instead, load"
+        " them into the model (`model.load_state_dict`), save it with its tokenizer as a Hugging Face folder"
+        " (`save_pretrained`) and give that folder as `model_name_or_path` (`--model.model_name_or_path`)."
+    )
 
 
 def _saved_at(path: str) -> int:

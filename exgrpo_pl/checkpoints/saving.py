@@ -37,11 +37,14 @@ from exgrpo_pl.checkpoints.atomic_writes import (
     save_atomically,
     temp_path,
     tensor_bytes,
+    write_files_atomically,
 )
 from exgrpo_pl.checkpoints.integrity import (
     NonFiniteCheckpointError,
     NonFiniteWeightsError,
+    NotALightningCheckpointError,
     check_finite,
+    check_lightning_checkpoint,
     check_loadable,
     check_restored_finite,
     first_non_finite,
@@ -57,10 +60,12 @@ __all__ = [
     "AtomicCheckpointIO",
     "NonFiniteCheckpointError",
     "NonFiniteWeightsError",
+    "NotALightningCheckpointError",
     "OutOfSpaceError",
     "SafeModelCheckpoint",
     "UnsafeCheckpointError",
     "check_finite",
+    "check_lightning_checkpoint",
     "check_loadable",
     "check_restored_finite",
     "first_non_finite",
@@ -74,6 +79,7 @@ __all__ = [
     "save_atomically",
     "temp_path",
     "tensor_bytes",
+    "write_files_atomically",
 ]
 
 
@@ -118,7 +124,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         file's pickle names; here `weights_only=None` means True everywhere (only an explicit False, given
         to `Trainer.fit(weights_only=False)` for a trusted file, allows more, and runs the code the file
         names). A local file is checked first (`incomplete_reason`: complete, every record passing its
-        CRC-32), and an incomplete or corrupt one is an error naming it and the record.
+        CRC-32), and an incomplete or corrupt one is an error naming it and the record; a file that is not a
+        Lightning checkpoint (a plain `state_dict`) is `NotALightningCheckpointError`.
         """
         weights_only = True if weights_only is None else weights_only
         local = local_path(path)
@@ -129,7 +136,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 ' with ckpt_path="last" and SafeModelCheckpoint, which skips incomplete and corrupt ones.'
             )
         try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except pickle.UnpicklingError as err:
             raise UnsafeCheckpointError(
                 f"Refusing to load checkpoint {path}: it holds objects other than tensors and primitive"
@@ -137,6 +144,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 " false`) unpickles them, running whatever code the file names: give it only for a file"
                 f" you made yourself or trust as you would a program. ({_unpickler_reason(err)})"
             ) from err
+        check_lightning_checkpoint(checkpoint, path)
+        return checkpoint
 
     def remove_checkpoint(self, path: Any) -> None:
         """Removes a checkpoint file, link or (DeepSpeed) folder; a folder is renamed away first, so it is
@@ -180,6 +189,7 @@ class SafeModelCheckpoint(ModelCheckpointHooks):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._logger_dirs = self.dirpath is None
+        self._step_began = False  # whether a training step of this fit has begun (for `on_exception`)
 
     def _checkpoint_dirs(self, trainer) -> list[str] | None:
         """Where this callback's checkpoints are (all logger versions without a dirpath); None when remote."""
@@ -198,6 +208,7 @@ class SafeModelCheckpoint(ModelCheckpointHooks):
     @override
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        self._step_began = False
         if trainer.is_global_zero:
             for directory in {self.dirpath, *(self._checkpoint_dirs(trainer) or [])}:
                 if local_path(directory) is not None:
@@ -216,11 +227,19 @@ class SafeModelCheckpoint(ModelCheckpointHooks):
         super().on_train_end(trainer, pl_module)
 
     @override
+    def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
+        self._step_began = True
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+    @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         # Lightning's `save_on_exception=True` saves the state as the exception left it; by default nothing
-        # is saved, and this says why and what is kept.
+        # is saved, and this says why and what is kept. An exception before the first step (bad data or
+        # options in setup, a checkpoint refused on loading) leaves nothing half done: its message is all.
         if self.save_on_exception or trainer.state.fn != TrainerFn.FITTING:
             super().on_exception(trainer, pl_module, exception)
+            return
+        if not self._step_began:
             return
         if self.last_checkpoint_saved:
             step = self.last_global_step_saved

@@ -1,6 +1,6 @@
 """The paper's table: one row per evaluation set (and per domain inside a set), its metrics as columns, and
-the in-distribution, out-of-distribution and overall averages of each set's headline figure, written as
-JSON and Markdown next to a run's logs.
+the in-distribution, out-of-distribution and overall averages of each set's headline figure, as the JSON
+and Markdown files that `exgrpo validate` and `exgrpo test` write next to a run's logs (`report_files`).
 
 The headline figure of a set is its avg@k: mean correctness over the k samples of each problem, which is
 pass@1 for one sample per problem, as the paper reports every benchmark (avg@32 on AIME and AMC).
@@ -96,11 +96,15 @@ def to_markdown(table: Mapping) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(table: Mapping, directory: str | Path, name: str = "evaluation") -> tuple[Path, Path]:
-    """Writes `<name>.json` and `<name>.md` into `directory` (made if missing); returns their paths."""
+def report_files(table: Mapping, directory: str | Path, name: str = "evaluation") -> dict[Path, str]:
+    """`<name>.json` and `<name>.md` in `directory` -> their text (the table as JSON, and `to_markdown`).
+
+    Nothing is written here: `exgrpo validate` and `exgrpo test` write both files together with
+    `exgrpo_pl.checkpoints.atomic_writes.write_files_atomically`, so a full disk or a kill never leaves a cut
+    file, nor one run's JSON beside another run's Markdown.
+    """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    json_path, markdown_path = directory / f"{name}.json", directory / f"{name}.md"
-    json_path.write_text(json.dumps(table, indent=1) + "\n")
-    markdown_path.write_text(to_markdown(table))
-    return json_path, markdown_path
+    return {
+        directory / f"{name}.json": json.dumps(table, indent=1) + "\n",
+        directory / f"{name}.md": to_markdown(table),
+    }

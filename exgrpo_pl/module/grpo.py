@@ -43,7 +43,7 @@ from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.step.collect import RolloutCollector
 from exgrpo_pl.step.groups import RolloutPlan, assemble_groups, plan_rollouts
 from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS
-from exgrpo_pl.step.rollout_memory import check_rollout_memory
+from exgrpo_pl.step.rollout_memory import check_evaluation_memory, check_rollout_memory
 from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate
 
 
@@ -206,15 +206,20 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
-        """Before any training or evaluation: reject a conflicting strategy config, and prompts the tokenizer
-        cannot encode or that are longer than allowed."""
+        """Before any training or evaluation: reject a conflicting strategy config, sampling that cannot fit
+        in memory, and prompts the tokenizer cannot encode or that are longer than allowed."""
         check_strategy(self.trainer, self, self.trainer.datamodule)
         data = self.trainer.datamodule  # set up before the module (Lightning's order)
         if not isinstance(data, PromptDataModule):
             return
+        device = self.trainer.strategy.root_device
         if stage == "fit":
-            check_rollout_memory(self.hparams, data.hparams.batch_size, self.trainer.strategy.root_device)
+            check_rollout_memory(self.hparams, data.hparams.batch_size, device)
             self.collector.check_prompts(data.train_rows, "training data", data.locate)
+        sets = {None: [None] * len(data.val_rows)} if data.val_rows else {}
+        sets.update({name: [row["num_samples"] for row in rows] for name, rows in data.eval_rows.items()})
+        val_batch_size = data.hparams.val_batch_size or data.hparams.batch_size
+        check_evaluation_memory(self.hparams, sets, val_batch_size, self.trainer.world_size, device)
         self.collector.check_prompts(data.val_rows, "validation data", data.locate)
         for name, rows in data.eval_rows.items():
             self.collector.check_prompts(rows, f"evaluation set {name!r}", data.locate)

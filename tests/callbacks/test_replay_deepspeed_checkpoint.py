@@ -24,7 +24,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 from test_buffer import assert_same, filled_buffer
 
 from exgrpo_pl.callbacks import ReplayCallback
-from exgrpo_pl.checkpoints.saving import COMPLETE_MARKER, SafeModelCheckpoint, newest_complete_checkpoint
+from exgrpo_pl.checkpoints.saving import (
+    COMPLETE_MARKER,
+    SafeModelCheckpoint,
+    incomplete_reason,
+    mark_complete,
+    newest_complete_checkpoint,
+)
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
@@ -133,6 +139,8 @@ def test_deepspeed_checkpoint_directory_holds_and_restores_the_buffer(stage, tmp
     model_states = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
     assert (path / "checkpoint" / model_states).is_file()
     assert (path / "latest").read_text() == "checkpoint"
+    mark_complete(str(path))  # as SafeModelCheckpoint does: then every file DeepSpeed loads is found there
+    assert incomplete_reason(str(path)) is None
     client = torch.load(path / "checkpoint" / model_states, weights_only=False)
     (state,) = [v for k, v in client["callbacks"].items() if k.startswith("ReplayCallback")]
     assert len(state["ranks"]) == 1

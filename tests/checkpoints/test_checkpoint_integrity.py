@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_checkpointing import fit
 
-from exgrpo_pl.checkpoints.integrity import NonFiniteWeightsError, incomplete_reason
+from exgrpo_pl.checkpoints.integrity import NonFiniteWeightsError, check_loadable, incomplete_reason
 from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO, SafeModelCheckpoint, mark_complete
 from exgrpo_pl.cli import main
 
@@ -56,14 +56,56 @@ def test_a_deepspeed_folder_is_intact_only_when_every_shard_is(tmp_path):
     folder = tmp_path / "ds.ckpt"
     (folder / "checkpoint").mkdir(parents=True)
     shard = folder / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
-    torch.save({"w": torch.full((128,), 0.25)}, folder / "checkpoint" / "mp_rank_00_model_states.pt")
-    torch.save({"w": torch.full((128,), 0.25)}, shard)
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt", shard.name):
+        torch.save({"w": torch.full((128,), 0.25)}, folder / "checkpoint" / name)
     (folder / "latest").write_text("checkpoint")
     mark_complete(str(folder))
     assert incomplete_reason(str(folder)) is None
     flip_exponent_bit(shard)
     reason = incomplete_reason(str(folder))
     assert reason.startswith("checkpoint/zero_pp_rank_1_mp_rank_00_optim_states.pt: record")
+
+
+def deepspeed_folder(path, names) -> None:
+    """A DeepSpeed checkpoint folder (tag "checkpoint") holding `names`, marked complete."""
+    (path / "checkpoint").mkdir(parents=True)
+    for name in names:
+        torch.save({"w": torch.ones(4)}, path / "checkpoint" / name)
+    (path / "latest").write_text("checkpoint")
+    mark_complete(str(path))
+
+
+ZERO2 = ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+ZERO3_TWO_RANKS = [
+    f"zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt" for rank in (0, 1) for kind in ("model", "optim")
+]
+
+
+@pytest.mark.parametrize(
+    ("names", "gone"),
+    [
+        (ZERO2, "mp_rank_00_model_states.pt"),  # the marker is there, DeepSpeed's own assert would fail
+        (["mp_rank_00_model_states.pt", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"], None),
+        (ZERO3_TWO_RANKS, "zero_pp_rank_1_mp_rank_00_model_states.pt"),
+        (ZERO3_TWO_RANKS, "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+    ],
+)
+def test_a_deepspeed_folder_without_a_file_deepspeed_loads_is_incomplete_naming_it(tmp_path, names, gone):
+    deepspeed_folder(tmp_path / "ds.ckpt", [name for name in names if name != gone])
+    reason = incomplete_reason(str(tmp_path / "ds.ckpt"))
+    # the bf16 case lacks rank 0's optimizer states, named after the rank 1 file that is there
+    expected = gone or "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    assert reason is not None and reason.startswith(f"checkpoint/{expected} is missing")
+    with pytest.raises(
+        ValueError, match=rf"ds\.ckpt: not a complete, intact checkpoint \(checkpoint/{expected}"
+    ):
+        check_loadable(tmp_path / "ds.ckpt", "--ckpt_path")
+
+
+def test_a_complete_deepspeed_folder_of_either_stage_is_intact(tmp_path):
+    for index, names in enumerate([ZERO2, ZERO3_TWO_RANKS]):
+        deepspeed_folder(tmp_path / f"{index}.ckpt", names)
+        assert incomplete_reason(str(tmp_path / f"{index}.ckpt")) is None
 
 
 @pytest.fixture

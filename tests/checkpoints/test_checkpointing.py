@@ -21,10 +21,12 @@ from hypothesis import strategies as st
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from exgrpo_pl.checkpoints import atomic_writes
 from exgrpo_pl.checkpoints.saving import (
     TEMP_NAME,
     AtomicCheckpointIO,
     NonFiniteCheckpointError,
+    NotALightningCheckpointError,
     OutOfSpaceError,
     SafeModelCheckpoint,
     UnsafeCheckpointError,
@@ -37,6 +39,7 @@ from exgrpo_pl.checkpoints.saving import (
     raise_if_out_of_space,
     remove_stale_temp_files,
     save_atomically,
+    write_files_atomically,
 )
 from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
@@ -152,6 +155,9 @@ def test_incomplete_reason_tells_complete_from_cut_short(tmp_path):
     (tmp_path / "ds.ckpt" / "latest").write_text("checkpoint")
     assert incomplete_reason(str(tmp_path / "ds.ckpt")) is not None
     mark_complete(str(tmp_path / "ds.ckpt"))
+    assert incomplete_reason(str(tmp_path / "ds.ckpt")).startswith("checkpoint/: the folder")
+    (tmp_path / "ds.ckpt" / "checkpoint").mkdir()
+    torch.save({"module": {}}, tmp_path / "ds.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt")
     assert incomplete_reason(str(tmp_path / "ds.ckpt")) is None
 
 
@@ -278,6 +284,25 @@ def test_an_incomplete_ckpt_path_is_named_before_anything_runs(tmp_path, content
     check_loadable("last")
 
 
+def test_a_plain_state_dict_as_ckpt_path_says_what_it_is_before_anything_is_built(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save({"model.embed_tokens.weight": torch.ones(3, 2), "lm_head.weight": torch.ones(3, 2)}, path)
+    what = r"weights\.pt: a plain state_dict \(2 tensors, the first 'model.embed_tokens.weight'\), not a"
+    with pytest.raises(
+        NotALightningCheckpointError, match=rf"--ckpt_path=.*{what}.*--model.model_name_or_path"
+    ):
+        main(["fit", "--ckpt_path", str(path), f"--trainer.default_root_dir={tmp_path}"])
+    assert not (tmp_path / "lightning_logs").exists()
+    # Trainer.fit(ckpt_path=...) loads through the writer's loader: the same error, not Lightning's KeyError
+    with pytest.raises(NotALightningCheckpointError, match=rf"^ckpt_path=.*{what}"):
+        AtomicCheckpointIO().load_checkpoint(path)
+    torch.save({"model": {"w": torch.ones(1)}, "step": 3}, tmp_path / "other.pt")
+    with pytest.raises(
+        NotALightningCheckpointError, match=r"a dict of 2 entries \('model', 'step'\) without"
+    ):
+        check_loadable(tmp_path / "other.pt")
+
+
 class WritesMarker:
     """A harmless payload: unpickling it creates the file `marker` (as a malicious one would run code)."""
 
@@ -389,6 +414,17 @@ def test_out_of_space_is_found_behind_torchs_runtime_error(tmp_path):
     raise_if_out_of_space(RuntimeError("unexpected pos"), path, 2 * 2**20)  # not about space: left alone
 
 
+def test_an_error_before_the_first_step_is_not_said_to_stop_a_step_halfway(tmp_path, tiny_model_dir, recwarn):
+    trainer = Trainer(
+        max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path,
+        callbacks=[SafeModelCheckpoint(tmp_path / "ckpts")],
+    )  # fmt: skip
+    data = PromptDataModule(synthetic=ArithmeticTask(64, seed=1), batch_size=4)
+    with pytest.raises(ValueError, match="num_generations=1000000000: a training step"):  # in setup
+        trainer.fit(tiny_module(tiny_model_dir, num_generations=10**9), data)
+    assert not [w for w in recwarn if "Training stopped at step" in str(w.message)]
+
+
 def test_an_exception_in_training_saves_nothing_says_why_and_keeps_the_checkpoints(tmp_path, tiny_model_dir):
     directory = tmp_path / "ckpts"
     crash = Crash(directory, batch=3)
@@ -417,13 +453,52 @@ def test_a_full_disk_is_named_with_the_space_needed_and_the_checkpoints_stay(
     crash = Crash(directory, batch=3, raise_there=False)
     checkpoint = SafeModelCheckpoint(directory, every_n_train_steps=2, save_last="link")
     message = (
-        r"No space left to write .*epoch=0-step=4.ckpt: it needs at least \d+\.\d MiB and .* MiB is free"
+        r"No space left to write .*epoch=0-step=4.ckpt: it needs at least \d+\.\d [KM]iB and .* MiB is free"
     )
     with pytest.warns(UserWarning, match=r"stopped at step 4 by OutOfSpaceError"):
         with pytest.raises(OutOfSpaceError, match=message):
             fit(tmp_path, tiny_model_dir, [checkpoint, crash], max_steps=6)
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == crash.before  # no temp file either
     assert step_of(directory / "last.ckpt") == 2
+
+
+def test_files_written_together_are_all_replaced_or_none_is(tmp_path, monkeypatch):
+    paths = [tmp_path / "test.json", tmp_path / "test.md"]
+    for path in paths:
+        path.write_text(f"previous {path.name}")
+    written = []
+
+    class FillsTheDisk:
+        """The second temp file written finds the disk full after writing part of its bytes."""
+
+        def __init__(self, file):
+            self.file = file
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def write(self, data):
+            written.append(data)
+            if len(written) == 2:
+                self.file.write(data[:7])
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.file.write(data)
+
+    # The module's `open`, shadowing the builtin there only.
+    monkeypatch.setattr(atomic_writes, "open", lambda *args: FillsTheDisk(open(*args)), raising=False)
+    with pytest.raises(OutOfSpaceError, match=r"No space left to write .*test\.md: it needs at least"):
+        write_files_atomically({paths[0]: '{"new": 1}\n', paths[1]: "| new |\n"})
+    monkeypatch.undo()
+    assert [path.read_text() for path in paths] == ["previous test.json", "previous test.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.json", "test.md"]  # no temp file left
+    write_files_atomically({paths[0]: '{"new": 1}\n', paths[1]: "| new |\n"})
+    assert [path.read_text() for path in paths] == ['{"new": 1}\n', "| new |\n"]
 
 
 # The last.ckpt link

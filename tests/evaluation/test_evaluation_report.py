@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from exgrpo_pl.evaluation.report import build_table, to_markdown, write_report
+from exgrpo_pl.evaluation.report import build_table, report_files, to_markdown
 
 RESULTS = {
     "aime24": {"avg@32": 0.25, "pass@32": 0.6, "pass@1": 0.25, "mean_length": 812.4, "problems": 30.0},
@@ -49,5 +49,6 @@ def test_markdown_and_json_land_next_to_each_other(tmp_path):
         "| average (out-of-distribution) | 30.0 | | | | | | |",
         "| average (all) | 43.3 | | | | | | |",
     ]
-    json_path, markdown_path = write_report(table, tmp_path / "logs")
-    assert json.loads(json_path.read_text()) == table and markdown_path.read_text() == markdown
+    (json_path, text), (markdown_path, md) = report_files(table, tmp_path / "logs", "test").items()
+    assert json_path == tmp_path / "logs" / "test.json" and markdown_path == tmp_path / "logs" / "test.md"
+    assert json.loads(text) == table and md == markdown
