@@ -6,8 +6,8 @@ samples.
 A named set's problems are sampled k times each (the set's `num_samples`, or as often as the problem's row
 repeats in its file), plus one greedy completion with `val_greedy`; maj@k is reported where the first
 reward function extracts answers (`extract_answer(completion_text) -> str | None`, as every shipped verifier
-does). Each rank keeps one `ProblemSamples` per
-problem; at the end of the evaluation they are gathered, every problem counted once (a distributed sampler
+does; one that takes `**columns` also gets the row's dataset columns, as `RewardBySource`'s does, which asks
+the function of the row's source). Each rank keeps one `ProblemSamples` per problem; at the end of the evaluation they are gathered, every problem counted once (a distributed sampler
 pads a rank's share with repeats), and `exgrpo_pl.evaluation` turns them into `<stage>/<set>/<metric>`,
 `<stage>/<set>/<domain>/<metric>` where a set mixes domains, and the averages of the sets' headline avg@k
 (`<stage>/average/score`, `/average_id/score`, `/average_ood/score`). The table is kept as
@@ -16,6 +16,7 @@ pads a rank's share with repeats), and `exgrpo_pl.evaluation` turns them into `<
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import defaultdict
@@ -29,6 +30,7 @@ from torchmetrics import MeanMetric
 from exgrpo_pl.evaluation import ProblemSamples, summarize
 from exgrpo_pl.evaluation.report import build_table
 from exgrpo_pl.evaluation.samples import clipped_rows, problem_samples
+from exgrpo_pl.rewards.by_source import extract_answer
 from exgrpo_pl.seeding import derive_seed
 from exgrpo_pl.step.groups import RolloutPlan, dataset_columns, plan_rollouts
 
@@ -102,9 +104,10 @@ class PassRateEvaluation:
                     RolloutPlan(prompts, question_ids, [1] * len(prompts), columns), 0.0
                 )
         clipped = clipped_rows(rollouts, hp.max_completion_length, self.eos_token_ids)
-        answer_of = getattr(self.collector.reward_funcs[0], "extract_answer", None)
+        first = self.collector.reward_funcs[0]
+        answer_of = functools.partial(extract_answer, first) if hasattr(first, "extract_answer") else None
         problems = problem_samples(
-            rollouts, repeats, clipped, question_ids.tolist(), answer_of, batch.get("domain")
+            rollouts, repeats, clipped, question_ids.tolist(), answer_of, batch.get("domain"), columns
         )
         if greedy is not None:
             for problem, correct in zip(problems, greedy.correct.tolist()):

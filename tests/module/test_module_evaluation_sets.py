@@ -15,6 +15,7 @@ from lightning.pytorch import Trainer, seed_everything
 from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, EvalSet, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.rewards import RewardBySource
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 
@@ -98,6 +99,14 @@ def test_greedy_pass_at_1_samples_one_more_completion_per_problem(tmp_path, tiny
     _, data, metrics = validate(tmp_path, tiny_model_dir, {"rep": sets["rep"]}, reward, val_greedy=True)
     assert {len(reward.scores[row["prompt"]]) for row in data.eval_rows["rep"]} == {4}
     assert 0.0 <= metrics["val/rep/greedy_pass@1"] <= 1.0
+
+
+def test_a_reward_by_source_gives_maj_at_k_with_each_sources_answers(tmp_path, tiny_model_dir, sets):
+    # configs/eval_paper.yaml's layout: RewardBySource is the first reward function.
+    by_source = RewardBySource({"small": FirstCharacter(), "large": FirstCharacter()})
+    module, _, metrics = validate(tmp_path, tiny_model_dir, {"rep": sets["rep"]}, by_source)
+    assert 0.0 <= metrics["val/rep/maj@3"] <= 1.0 and 0.0 <= metrics["val/rep/large/maj@3"] <= 1.0
+    assert "maj@3" in module.last_evaluation_table["rows"]["rep/small"]
 
 
 def test_the_plain_validation_set_keeps_its_pass_at_1_next_to_named_sets(tmp_path, tiny_model_dir, sets):
