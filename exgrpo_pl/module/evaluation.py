@@ -7,8 +7,9 @@ A named set's problems are sampled k times each (the set's `num_samples`, or as 
 repeats in its file), plus one greedy completion with `val_greedy`; maj@k is reported where the first
 reward function extracts answers (`extract_answer(completion_text) -> str | None`, as every shipped verifier
 does; one that takes `**columns` also gets the row's dataset columns, as `RewardBySource`'s does, which asks
-the function of the row's source). Each rank keeps one `ProblemSamples` per problem; at the end of the evaluation they are gathered, every problem counted once (a distributed sampler
-pads a rank's share with repeats), and `exgrpo_pl.evaluation` turns them into `<stage>/<set>/<metric>`,
+the function of the row's source). Each rank keeps one `ProblemSamples` per problem; at the end of the
+evaluation they are gathered, every problem counted once (a distributed sampler pads a rank's share with
+repeats), and `exgrpo_pl.evaluation` turns them into `<stage>/<set>/<metric>`,
 `<stage>/<set>/<domain>/<metric>` where a set mixes domains, and the averages of the sets' headline avg@k
 (`<stage>/average/score`, `/average_id/score`, `/average_ood/score`). The table is kept as
 `last_evaluation_table` for `exgrpo validate` and `exgrpo test` to print and write.

@@ -107,7 +107,9 @@ class RewardBySource:
         for source, fn in rewards.items():
             key = source_key(source)
             if key in self.rewards:
-                raise ValueError(f"RewardBySource: sources {source!r} and {key!r} are the same source; keep one")
+                raise ValueError(
+                    f"RewardBySource: sources {source!r} and {key!r} are the same source; keep one"
+                )
             self.rewards[key] = fn
         self.default = default
         self.column = column
@@ -181,7 +183,7 @@ class RewardBySource:
         return scores
 
     def _function_of(self, source: Any) -> Any:
-        """The reward function of rows from `source`: its own, None (not scored), the default, or `_UNKNOWN`."""
+        """The function of rows from `source`: its own, None (not scored), the default, or `_UNKNOWN`."""
         key = source_key(source)
         if key in self.rewards:
             return self.rewards[key]

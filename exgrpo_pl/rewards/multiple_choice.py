@@ -54,8 +54,8 @@ class MultipleChoiceReward(AnswerReward):
 
     The chosen option is the last `\\boxed{...}` of the completion (of its text, for a conversational one)
     when it holds one option label (see `option_label`); a completion with no such box chose nothing, unless
-    `boxed_only` is False: then it chose the label of its last "answer is (X)" / "Answer: X", a bare label only where its clause ends
-    there ("Answer: I think it is B" chooses nothing, not option I).
+    `boxed_only` is False: then it chose the label of its last "answer is (X)" / "Answer: X", a bare label
+    only where its clause ends there ("Answer: I think it is B" chooses nothing, not option I).
 
     Args:
         boxed_only: read the boxed answer only, as the paper does; False adds the answer-phrase fallback.
