@@ -119,7 +119,9 @@ def load_rows(
             computed); text prompts are unchanged.
         count_repeats: for an evaluation file, which repeats a problem once per sample it is scored on (the
             paper's test file holds each AIME and AMC problem 32 times): a repeated row is counted instead
-            of dropped, and every row gets `num_samples`, the number of rows of its question. No warning.
+            of dropped, and every row gets `num_samples`, the number of rows of its question. A question is
+            one per domain: a problem under two domains (benchmarks) is kept once in each, with its own count,
+            and a warning names the rows.
 
     Returns:
         The rows in file order, each question once. Columns not named above keep their names and values.
@@ -144,9 +146,12 @@ def load_rows(
     sources = {"prompt": prompt_column, "answer": answer_column, "id": id_column, "domain": domain_column}
     required = [column for column in sources.values() if column is not None]
     rows: list[dict[str, Any]] = []
-    first_seen: dict[int, tuple[str, int | str, dict[str, Any]]] = {}  # id -> (position, question, row)
+    # key -> (position, question, row); the key is the id, and in an evaluation file (id, domain): a problem
+    # that two benchmarks of the file share is a problem of each.
+    first_seen: dict[Any, tuple[str, int | str, dict[str, Any]]] = {}
     repeats: list[tuple[str, str]] = []  # (position dropped, position of the row it repeats)
-    samples: dict[int, int] = {}  # id -> rows of that question
+    samples: dict[Any, int] = {}  # key -> rows of that question
+    domains_of: dict[int, dict[str, str]] = {}  # id -> {domain: position of its first row}, evaluation files
     for position, raw in read_raw_rows(path):
         where = f"{path}: {position}"
         if not isinstance(raw, dict):
@@ -176,22 +181,26 @@ def load_rows(
             row["id"], question = _question_id(values["id"], where, id_column)
         if domain_column is not None:
             row["domain"] = text_value(values["domain"], where, domain_column)
-        if row["id"] in first_seen:
-            earlier, earlier_question, earlier_row = first_seen[row["id"]]
+        key = (row["id"], row.get("domain")) if count_repeats else row["id"]
+        if key in first_seen:
+            earlier, earlier_question, earlier_row = first_seen[key]
             _check_repeat(
                 path, (earlier, position), (earlier_question, question), (earlier_row, row), id_column
             )
             repeats.append((position, earlier))
-            samples[row["id"]] += 1
+            samples[key] += 1
             continue
-        first_seen[row["id"]] = (position, question, row)
-        samples[row["id"]] = 1
+        if count_repeats:
+            domains_of.setdefault(row["id"], {})[row.get("domain")] = position
+        first_seen[key] = (position, question, row)
+        samples[key] = 1
         rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
     if count_repeats:
         for row in rows:
-            row["num_samples"] = samples[row["id"]]
+            row["num_samples"] = samples[(row["id"], row.get("domain"))]
+        _warn_shared_problems(path, domains_of)
     elif repeats:
         named = ", ".join(f"{dropped} (repeats {kept})" for dropped, kept in repeats[:5])
         more = f" and {len(repeats) - 5} more" if len(repeats) > 5 else ""
@@ -202,6 +211,25 @@ def load_rows(
             stacklevel=2,
         )
     return rows
+
+
+def _warn_shared_problems(path: Path, domains_of: dict[int, dict[str, str]]) -> None:
+    """Warns, naming the first few, about problems an evaluation file holds under several domains: each domain
+    keeps its own (sampled and reported as one of its problems), which a reader of the per-domain counts
+    should know."""
+    shared = [positions for positions in domains_of.values() if len(positions) > 1]
+    if not shared:
+        return
+    named = "; ".join(
+        ", ".join(f"{position} ({domain!r})" for domain, position in positions.items())
+        for positions in shared[:5]
+    )
+    more = f" and {len(shared) - 5} more" if len(shared) > 5 else ""
+    warnings.warn(
+        f"{path}: {len(shared)} problem(s) appear under several domains: {named}{more}; each domain keeps its"
+        " own, sampled and reported with that domain's problems",
+        stacklevel=3,
+    )
 
 
 def find_row(path: str | Path, column: str, value: Any, drop_system_prompt: bool = False) -> str | None:

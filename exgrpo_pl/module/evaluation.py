@@ -129,10 +129,11 @@ class PassRateEvaluation:
             gathered = [problems]
         results = {}
         for name in sorted({name for part in gathered for name in part}):
-            unique: dict[int, ProblemSamples] = {}
+            # A problem is its question in its domain: an evaluation file may hold one under two domains.
+            unique: dict[tuple, ProblemSamples] = {}
             for part in gathered:
                 for problem in part.get(name, []):
-                    unique.setdefault(problem.question_id, problem)
+                    unique.setdefault((problem.question_id, problem.domain), problem)
             results[name] = summarize(list(unique.values()))
             domains = {problem.domain for problem in unique.values()}
             if len(domains) > 1:

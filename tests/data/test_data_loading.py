@@ -498,3 +498,21 @@ def test_an_evaluation_file_counts_its_repeated_rows_instead_of_dropping_them(tm
     path.write_text(json.dumps({"prompt": "1+1=", "answer": "2", "num_samples": 4}) + "\n")
     with pytest.raises(ValueError, match=r"eval.jsonl: line 1: column 'num_samples' would be replaced"):
         load_rows(path, count_repeats=True)
+
+
+def test_an_evaluation_file_keeps_a_problem_under_each_of_its_domains(tmp_path):
+    rows = [
+        {"prompt": "1+2=", "answer": "3", "source": "aime"},
+        {"prompt": "1+2=", "answer": "3", "source": "aime"},
+        {"prompt": "1+2=", "answer": "3", "source": "amc"},
+        {"prompt": "5+5=", "answer": "10", "source": "amc"},
+    ]
+    path = write_jsonl(tmp_path / "test.jsonl", rows)
+    with pytest.warns(UserWarning, match=r"1 problem\(s\) appear under several domains: line 1 \('aime'\), "
+                      r"line 3 \('amc'\); each domain keeps its own"):  # fmt: skip
+        loaded = load_rows(path, domain_column="source", count_repeats=True)
+    counts = [(row["prompt"], row["domain"], row["num_samples"]) for row in loaded]
+    assert counts == [("1+2=", "aime", 2), ("1+2=", "amc", 1), ("5+5=", "amc", 1)]
+    with warnings.catch_warnings():  # a training file keeps merging repeats as before, without this warning
+        warnings.simplefilter("ignore")
+        assert len(load_rows(path, domain_column="source")) == 2

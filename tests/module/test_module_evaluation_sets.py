@@ -109,6 +109,31 @@ def test_a_reward_by_source_gives_maj_at_k_with_each_sources_answers(tmp_path, t
     assert "maj@3" in module.last_evaluation_table["rows"]["rep/small"]
 
 
+def test_a_problem_under_two_domains_is_sampled_and_reported_in_each(tmp_path, tiny_model_dir):
+    problems = [("1+2=", "small")] * 2 + [("1+2=", "large"), ("10+20=", "large")]
+    rows = [{"prompt": p, "answer": str(eval(p[:-1])), "source": d} for p, d in problems]
+    shared = EvalSet(path=write_rows(tmp_path / "shared.jsonl", rows), domain_column="source")
+    reward = FirstCharacter()
+    with pytest.warns(UserWarning, match="appear under several domains"):
+        _, _, metrics = validate(tmp_path, tiny_model_dir, {"s": shared}, reward)
+    assert len(reward.scores["1+2="]) == 2 + 1  # its two rows in one domain, its one row in the other
+    assert metrics["val/s/small/problems"] == 1 and metrics["val/s/small/samples"] == 2
+    assert metrics["val/s/large/problems"] == 2 and metrics["val/s/large/samples"] == 2
+
+
+def test_a_set_of_one_domain_averaged_by_domain_keeps_its_average(tmp_path, tiny_model_dir, sets):
+    rows = [
+        {"prompt": "1+2=", "answer": "3", "source": "aime"},
+        {"prompt": "4+4=", "answer": "8", "source": "aime"},
+    ]
+    one = EvalSet(
+        path=write_rows(tmp_path / "one.jsonl", rows), domain_column="source", average_by_domain=True
+    )
+    _, _, metrics = validate(tmp_path, tiny_model_dir, {"one": one}, FirstCharacter())
+    assert metrics["val/average/score"] == metrics["val/one/avg@1"]
+    assert metrics["val/average_id/score"] == metrics["val/one/avg@1"]
+
+
 def test_the_plain_validation_set_keeps_its_pass_at_1_next_to_named_sets(tmp_path, tiny_model_dir, sets):
     seed_everything(0)
     data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), eval_sets=sets, batch_size=4)
