@@ -118,9 +118,16 @@ class PassRateEvaluation:
     def _log_sets(self, stage: str) -> None:
         """Logs the named sets' metrics from every rank's problems and keeps the table (see the module
         docstring). Call at the end of a validation or test epoch."""
+        metrics = self._set_metrics(stage)
+        if metrics:
+            self.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=False)
+
+    def _set_metrics(self, stage: str) -> dict[str, float]:
+        """The named sets' metrics (`<stage>/<set>/<metric>` and the averages) from every rank's problems,
+        which it clears, keeping the table; empty when no set was sampled. Every rank must call it."""
         problems = getattr(self, "_set_problems", None)
         if not problems:
-            return
+            return {}
         self._set_problems = defaultdict(list)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered: list = [None] * dist.get_world_size()
@@ -152,11 +159,11 @@ class PassRateEvaluation:
         }
         short = {"all": "average", "in-distribution": "average_id", "out-of-distribution": "average_ood"}
         metrics.update({f"{stage}/{short[group]}/score": value for group, value in table["averages"].items()})
-        self.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=False)
+        return metrics
 
     def _validate_at_start(self) -> None:
-        """With `validate_at_start`, measures validation pass@1 before the first update and logs it at step 0.
-        Call in `on_train_start`."""
+        """With `validate_at_start`, measures validation pass@1 and the named evaluation sets before the first
+        update and logs them at step 0. Call in `on_train_start`."""
         # A resumed run measured its start already, and logged it at step 0.
         if not self.hparams.validate_at_start or self.trainer.datamodule is None or self.global_step > 0:
             return
@@ -167,17 +174,27 @@ class PassRateEvaluation:
         loaders = self.trainer.val_dataloaders
         if not loaders:  # no validation batches (limit_val_batches=0, an empty validation set)
             return
-        start = MeanMetric().to(self.device)
+        start, plain = MeanMetric().to(self.device), False
+        self._set_problems = defaultdict(list)
         for index, (loader, limit) in enumerate(zip(CombinedLoader(loaders).flattened, val_loop.max_batches)):
-            if self._set_name(index) is not None:  # the plain validation set only: named sets log their own
-                continue
+            name = self._set_name(index)
+            plain |= name is None
             batches = itertools.islice(loader, None if math.isinf(limit) else int(limit))
             for batch_idx, batch in enumerate(batches):
-                start.update(self._pass_rate(batch, batch_idx))
-        value = float(start.compute())
-        if self.logger is not None:
-            self.logger.log_metrics({"val/pass@1": value}, step=self.global_step)
-        rank_zero_info(f"val/pass@1 before training: {value:.3f}")
+                if name is None:
+                    start.update(self._pass_rate(batch, batch_idx))
+                else:
+                    self._sample_set(batch, batch_idx, name)
+        # Only the sets there are: with named sets alone (val_fraction 0) there is no plain pass@1.
+        metrics = {"val/pass@1": float(start.compute())} if plain else {}
+        metrics.update(self._set_metrics("val"))
+        if self.logger is not None and metrics:
+            self.logger.log_metrics(metrics, step=self.global_step)
+        shown = [
+            key for key in metrics if key == "val/pass@1" or (key.endswith("/score") and key.count("/") == 2)
+        ]
+        for key in shown:
+            rank_zero_info(f"{key} before training: {metrics[key]:.3f}")
 
     def on_validation_start(self) -> None:
         self.val_pass_at_1.set_dtype(torch.float32)
