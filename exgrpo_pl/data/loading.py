@@ -45,11 +45,25 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo_pl.batch import text_id
-from exgrpo_pl.data.fields import lookup, prompt_key, prompt_value, text_value, walk, without_system
+from exgrpo_pl.data.fields import (
+    as_messages,
+    lookup,
+    prompt_key,
+    prompt_value,
+    text_value,
+    walk,
+    without_system,
+)
 from exgrpo_pl.data.files import read_raw_rows
+from exgrpo_pl.rewards.base import REWARD_ARGUMENTS
 from exgrpo_pl.rewards.math_verify import extract_boxed
 
 _INT64 = (-(2**63), 2**63 - 1)
+
+RESERVED_COLUMNS = (*REWARD_ARGUMENTS, "question_id")
+"""Column names a dataset may not use: the arguments reward functions get from the trainer (a column would
+replace one in every reward call; `exgrpo_pl.rewards.base.REWARD_ARGUMENTS` lists them) and the batch key
+of the question ids."""
 
 ANSWER_FROM = ("column", "boxed")
 """The allowed values of `answer_from`: the answer column as it is, or the content of its last box."""
@@ -151,6 +165,7 @@ def load_rows(
     first_seen: dict[Any, tuple[str, int | str, dict[str, Any]]] = {}
     repeats: list[tuple[str, str]] = []  # (position dropped, position of the row it repeats)
     samples: dict[Any, int] = {}  # key -> rows of that question
+    floats: list[str] = []  # "line 3: 37.0 -> '37'" for each answer given as a float
     domains_of: dict[int, dict[str, str]] = {}  # id -> {domain: position of its first row}, evaluation files
     for position, raw in read_raw_rows(path):
         where = f"{path}: {position}"
@@ -169,8 +184,19 @@ def load_rows(
             raise ValueError(f"{where}: column 'num_samples' would be replaced by the count of its repeats")
         # A column read by its name is renamed; one a dotted path reads inside stays, whole.
         row = {key: value for key, value in raw.items() if key not in required}
+        for key in row:
+            if key in RESERVED_COLUMNS:
+                what = (
+                    "the question ids' batch key" if key == "question_id" else "an argument reward functions"
+                )
+                raise ValueError(
+                    f"{where}: column {key!r} has the name of {what} get from the trainer, which it would"
+                    f" replace (reserved: {', '.join(RESERVED_COLUMNS)}); rename the column"
+                )
         row["prompt"] = prompt_value(values["prompt"], where, prompt_column, drop_system_prompt)
         row["answer"] = text_value(values["answer"], where, answer_column)
+        if isinstance(values["answer"], float):
+            floats.append(f"{position}: {values['answer']!r} -> {row['answer']!r}")
         if answer_from == "boxed":
             row["answer"] = _boxed_answer(row["answer"], where, answer_column)
         # `question` identifies the question: its prompt, or its id as written (before any hashing).
@@ -197,6 +223,14 @@ def load_rows(
         rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
+    if floats:
+        more = f" and {len(floats) - 5} more" if len(floats) > 5 else ""
+        warnings.warn(
+            f"{path}: column {answer_column!r} holds {len(floats)} answer(s) as floats, read as integers"
+            f" where integral and as Python prints them otherwise: {'; '.join(floats[:5])}{more}; store the"
+            " answers as text to say exactly how each reads",
+            stacklevel=2,
+        )
     if count_repeats:
         for row in rows:
             row["num_samples"] = samples[(row["id"], row.get("domain"))]
@@ -249,6 +283,7 @@ def find_row(path: str | Path, column: str, value: Any, drop_system_prompt: bool
         if not isinstance(raw, dict):
             continue
         found, missing = walk(raw, column)
+        found = as_messages(found)
         if drop_system_prompt and isinstance(found, list):
             found = without_system(found)
         if missing is None and found == value:

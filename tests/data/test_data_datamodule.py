@@ -343,6 +343,23 @@ def test_the_trainer_stops_before_training_with_that_error(tmp_path):
     assert trainer.global_step == 0 and model.seen == {}
 
 
+def test_a_column_named_completions_stops_the_trainer_before_training(tmp_path):
+    rows = [{"prompt": f"{i}+3=", "answer": str(i + 3), "completions": str(i + 3)} for i in range(8)]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    model = _Retirer(None)
+    trainer = L.Trainer(
+        max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    dm = PromptDataModule(train_path=str(path), batch_size=2, val_fraction=0.0)
+    with pytest.raises(
+        ValueError, match=r"train\.jsonl: line 1: column 'completions' has the name of an arg"
+    ):
+        trainer.fit(model, datamodule=dm)
+    assert trainer.global_step == 0 and model.seen == {}
+
+
 # The resumable training loader
 
 
