@@ -3,6 +3,7 @@ sharding, seeds, the resumable training loader, and data too small for one batch
 
 import io
 import json
+import zlib
 from pathlib import Path
 
 import lightning as L
@@ -206,15 +207,59 @@ def test_pass_hooks_run_right_before_each_pass_once_each():
 def test_state_dict_round_trip():
     dm = make_dm()
     dm.exclude_questions([3, 1, 2])
-    assert dm.state_dict() == {"excluded_question_ids": [1, 2, 3], "start_rows": None}
+    questions = {"rows": 36, "crc32": zlib.crc32(",".join(map(str, ids(dm))).encode())}
+    assert dm.state_dict() == {
+        "excluded_question_ids": [1, 2, 3], "start_rows": None, "training_questions": questions,
+    }  # fmt: skip
     dm.train_dataloader()
     state = dm.state_dict()
-    assert state == {"excluded_question_ids": [1, 2, 3], "start_rows": 36 - len({1, 2, 3} & set(ids(dm)))}
+    assert state == {
+        "excluded_question_ids": [1, 2, 3], "start_rows": 36 - len({1, 2, 3} & set(ids(dm))),
+        "training_questions": questions,
+    }  # fmt: skip
     restored = make_dm()
     loader = restored.train_dataloader()  # built before the restore, as on resume
     restored.load_state_dict(state)
     assert restored.excluded_question_ids == {1, 2, 3}
     assert not {1, 2, 3} & set(epoch_ids(loader))
+
+
+def test_state_saved_with_other_training_questions_is_refused_naming_the_change(tmp_path):
+    state = make_dm().state_dict()
+    said = (
+        r"ArithmeticTask.* are not those the checkpoint was trained on \(36 then, 19 now\), so its data order"
+    )
+    with pytest.raises(ValueError, match=said):
+        make_dm(val_fraction=0.55).load_state_dict(state)
+    other = PromptDataModule(synthetic=ArithmeticTask(num_questions=40, seed=1), batch_size=4)
+    other.load_state_dict(state)  # before setup, as a datamodule restored first would be
+    with pytest.raises(ValueError, match=r"\(36 both times, but other questions or another order\)"):
+        other.setup("fit")
+    make_dm().load_state_dict(state)  # the same questions resume
+    make_dm().load_state_dict({**state, "training_questions": None})  # a state saved before setup, or by 0.x
+
+
+def test_resuming_on_another_training_file_stops_before_training(tmp_path):
+    def fit_file(rows, ckpt_path=None):
+        path = tmp_path / f"train{rows}.jsonl"
+        path.write_text(
+            "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(rows))
+        )
+        dm = PromptDataModule(train_path=str(path), batch_size=4, val_fraction=0.0)
+        model = _Retirer(dm)
+        trainer = L.Trainer(
+            max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        return trainer, model
+
+    trainer, _ = fit_file(36)
+    trainer.save_checkpoint(tmp_path / "step2.ckpt")
+    with pytest.raises(
+        ValueError, match=r"train12\.jsonl' are not those the checkpoint was trained on \(36 then"
+    ):
+        fit_file(12, ckpt_path=tmp_path / "step2.ckpt")
 
 
 def test_sharded_lengths_stay_fixed_and_retired_ids_vanish():
