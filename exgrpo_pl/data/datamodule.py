@@ -26,7 +26,6 @@ the loader are in `exgrpo_pl.data.loaders`.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -127,7 +126,6 @@ class PromptDataModule(L.LightningDataModule):
         self._streaming = False  # stream_passes()
         self._train_rows: list[dict[str, Any]] | None = None
         self._val_rows: list[dict[str, Any]] = []
-        self._saved_questions: dict[str, int] | None = None  # the restored state's `training_questions`
 
     def _load(self, path: str) -> list[dict[str, Any]]:
         hp = self.hparams
@@ -167,7 +165,6 @@ class PromptDataModule(L.LightningDataModule):
             for name, spec in self.eval_sets.items()
         }
         self._train_rows = rows
-        self._check_same_questions()
 
     def locate(self, row: dict[str, Any]) -> str:
         """Where a loaded row comes from, for error messages: `"<file>: line 3"` (the training file, the
@@ -320,6 +317,7 @@ class PromptDataModule(L.LightningDataModule):
             generator=torch.Generator().manual_seed(seed),
             epoch_batches=self._epoch_batches,
             before_pass=self._before_pass,
+            source=self._source(),
         )
 
     def add_pass_hook(self, hook: Callable[[PromptDataModule], None]) -> None:
@@ -386,50 +384,16 @@ class PromptDataModule(L.LightningDataModule):
         return self.val_dataloader()
 
     def state_dict(self) -> dict[str, Any]:
-        """The retired question ids (a sorted list of ints), the active rows when training began, and which
-        training questions there are (`{"rows": count, "crc32": of their ids in order}`, None before setup).
+        """The retired question ids (a sorted list of ints) and the active rows when training began.
 
         The training loader's pass and position are saved by Lightning with the loops (`ResumableLoader`).
         """
-        return {
-            "excluded_question_ids": sorted(self._excluded),
-            "start_rows": self._start_rows,
-            "training_questions": self._training_questions(),
-        }
+        return {"excluded_question_ids": sorted(self._excluded), "start_rows": self._start_rows}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores the retired question ids (the sampler sees them from its next pass) and the length the
-        training loader reports before its first pass, which Lightning measures as the epoch length.
-
-        Raises:
-            ValueError: when the training questions differ from those the state was saved with (another
-                file, split or id): the saved pass, epoch length and retired ids are of other data.
-        """
-        self._saved_questions = state_dict.get("training_questions")  # None: saved before setup, or by 0.x
-        self._check_same_questions()
+        training loader reports before its first pass, which Lightning measures as the epoch length."""
         # In place: the training sampler holds a reference to this set.
         self._excluded.clear()
         self._excluded.update(int(qid) for qid in state_dict["excluded_question_ids"])
         self._start_rows = state_dict.get("start_rows")
-
-    def _training_questions(self) -> dict[str, int] | None:
-        if self._train_rows is None:
-            return None
-        ids = ",".join(str(row["id"]) for row in self._train_rows)
-        return {"rows": len(self._train_rows), "crc32": zlib.crc32(ids.encode())}
-
-    def _check_same_questions(self) -> None:
-        """Raises ValueError when restored state was saved with other training questions than these (see
-        `load_state_dict`); checked once both are known (Lightning sets the data up before it restores)."""
-        saved, now = self._saved_questions, self._training_questions()
-        if saved is None or now is None or saved == now:
-            return
-        count = f"{saved['rows']} then, {now['rows']} now"
-        if saved["rows"] == now["rows"]:
-            count = f"{now['rows']} both times, but other questions or another order"
-        raise ValueError(
-            f"Resuming: the training questions of {self._source()} are not those the checkpoint was trained"
-            f" on ({count}), so its data order, epoch length and retired questions do not apply to them."
-            " Resume with the checkpoint's training data (the same train_path, val_path, val_fraction, seed"
-            " and column options), or start a new run for the new data"
-        )

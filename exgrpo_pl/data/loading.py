@@ -121,11 +121,14 @@ def load_rows(
     Args:
         path: a `.jsonl`, `.json` or `.parquet` file, or a `datasets.Dataset.save_to_disk` directory.
         prompt_column: column holding the prompt: text, or a list of chat messages (dicts with a string
-            `role` and `content`), kept as that list; becomes `prompt`.
-        answer_column: column holding the reference answer (numbers become strings); becomes `answer`.
+            `role` and `content`; or JSON text of such a list), kept as that list without the keys valued
+            None; becomes `prompt`.
+        answer_column: column holding the reference answer (numbers become text, a float that is an integer
+            that integer, with a warning naming the float rows); becomes `answer`.
         id_column: column holding a stable question id (an int, or a string, hashed with `text_id` unless
             it is a decimal integer); becomes `id`. None: `id` is the `text_id` of the prompt (of a canonical
-            JSON of its messages, keys sorted), which stays the same across runs and row orders.
+            JSON of its messages, keys sorted, None-valued keys left out), which stays the same across runs,
+            row orders and keys added to other rows' messages.
         domain_column: column holding the task/domain name (verl's `data_source`); becomes `domain`.
         answer_from: "column" takes the answer column as it is; "boxed" reads it as a worked solution
             (e.g. MATH's `solution`) and takes the content of its last `\\boxed{...}`, nested braces kept.
@@ -148,9 +151,9 @@ def load_rows(
             or answer, a message that is not a dict with a string role and content, an empty list of
             messages (or one left empty by `drop_system_prompt`), a repeated prompt with a different answer,
             a repeated id with a different prompt or answer, two different prompts or ids whose hashed ids
-            collide, a column whose name clashes with a normalized key, an unknown `answer_from`, a solution
-            without a complete `\\boxed{...}` (or with an empty one) when `answer_from="boxed"`, or no rows
-            at all.
+            collide, a column whose name clashes with a normalized key or is one of `RESERVED_COLUMNS`, a NaN
+            or infinite answer, an unknown `answer_from`, a solution without a complete `\\boxed{...}` (or
+            with an empty one) when `answer_from="boxed"`, or no rows at all.
         FileNotFoundError: if `path` does not exist.
     """
     check_answer_from(answer_from)
