@@ -1,5 +1,6 @@
-"""Replays, as a hostile user would, the failures of issue 19's items 2, 3, 5 and 6 and of issue 29's items
-1-4 (the probes named "29.<item> ...") through `exgrpo fit`.
+"""Replays, as a hostile user would, the failures of issue 19's items 2, 3, 5 and 6, of issue 29's items
+1-4 (the probes named "29.<item> ...") and of issue 37's items 1-11 ("37.<item> ...") through `exgrpo fit`
+(and `exgrpo validate`; the probes of the data and reward layers call them in this process).
 
 Each probe runs the quickstart (cut to a few steps) with one hostile change and prints one line: its
 outcome ("clear error": the run stops with a message that names the file, option or function; "works": the
@@ -26,12 +27,14 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# The tests' helpers: tests/checkpoints' modules import tests/conftest.py by name.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests" / part) for part in ("checkpoints", "")]
 from test_checkpoint_integrity import WEIGHT, flip_exponent_bit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -395,6 +398,177 @@ def probe_callback_option_alone(workdir: Path) -> tuple[str, str, dict]:
     return verdict(ok, "clear error"), f"last line: {last}; {len(run['output'])} characters in all", run
 
 
+# ------------------------------------------------------------------------------------------ issue 37
+def write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def sums(count: int, **extra: object) -> list[dict]:
+    """`count` questions the quickstart's tokenizer reads ("12+7="), with `extra` columns."""
+    return [{"prompt": f"{i}+{i % 7}=", "answer": str(i + i % 7), **extra} for i in range(count)]
+
+
+def exgrpo_validate(workdir: Path, *args: str) -> dict:
+    """`exgrpo validate` of the quickstart's untrained policy with `args`, no plain validation split."""
+    command = [sys.executable, "-m", "exgrpo_pl.cli", "validate", *QUICK, "--data.val_fraction=0", *args]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    return {"code": done.returncode, "seconds": time.monotonic() - started, "output": output}
+
+
+def in_process(
+    check: Callable[[Path], tuple[bool, str]], kind: str
+) -> Callable[[Path], tuple[str, str, dict]]:
+    """A probe of the data or reward layer, called as `exgrpo fit` would call it, in this process."""
+
+    def probe(workdir: Path) -> tuple[str, str, dict]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                ok, detail = check(workdir)
+            except Exception as err:  # noqa: BLE001 - the probe reports what it met
+                ok, detail = (
+                    kind == "clear error" and check.__doc__ in str(err),
+                    f"{type(err).__name__}: {err}",
+                )
+        said = "; ".join(str(w.message)[:200] for w in caught)
+        return verdict(ok, kind), detail[:300], {"output": f"{detail}\n{said}"}
+
+    return probe
+
+
+def probe_completions_column(workdir: Path) -> tuple[str, str, dict]:
+    path = write_jsonl(workdir / "train.jsonl", sums(64, completions="13"))
+    run = exgrpo(workdir, "--trainer.max_steps=2", f"--data.train_path={path}")
+    said = "line 1: column 'completions' has the name of an argument reward functions get from the trainer"
+    return verdict(run["code"] != 0 and said in run["output"], "clear error"), last_error(run["output"]), run
+
+
+def one_domain_set(workdir: Path) -> str:
+    path = write_jsonl(workdir / "aime.jsonl", sums(6, source="aime"))
+    return f"--data.eval_sets={{aime: {{path: {path}, domain_column: source, average_by_domain: true}}}}"
+
+
+def probe_one_domain_average(workdir: Path) -> tuple[str, str, dict]:
+    run = exgrpo_validate(workdir, one_domain_set(workdir))
+    found = re.search(r"\| average \(all\) \| [\d.]+ \|", run["output"])
+    return verdict(run["code"] == 0 and found is not None, "works"), found.group(0) if found else "", run
+
+
+def probe_problem_in_two_domains(workdir: Path) -> tuple[str, str, dict]:
+    rows = sums(3, source="aime") + sums(1, source="amc")  # the first problem is in both
+    path = write_jsonl(workdir / "mixed.jsonl", rows)
+    run = exgrpo_validate(workdir, f"--data.eval_sets={{mixed: {{path: {path}, domain_column: source}}}}")
+    warned = "1 problem(s) appear under several domains" in run["output"]
+    kept = re.search(r"\| mixed/amc \|.*\| 1 \|", run["output"]) is not None  # its one problem kept
+    return (
+        verdict(run["code"] == 0 and warned and kept, "clear warning"),
+        f"warned: {warned}, amc kept: {kept}",
+        run,
+    )
+
+
+def probe_start_with_named_sets_only(workdir: Path) -> tuple[str, str, dict]:
+    run = exgrpo(
+        workdir, "--trainer.max_steps=1", "--model.validate_at_start=true", "--data.val_fraction=0",
+        one_domain_set(workdir), f"--trainer.default_root_dir={workdir / 'run'}",
+    )  # fmt: skip
+    measured = re.search(r"val/aime/score before training: [\d.]+", run["output"])
+    nan = "val/pass@1 before training: nan" in run["output"]
+    ok = run["code"] == 0 and measured is not None and not nan
+    return verdict(ok, "works"), measured.group(0) if measured else last_error(run["output"]), run
+
+
+def probe_maj_by_source(workdir: Path) -> tuple[str, str, dict]:
+    path = write_jsonl(workdir / "set.jsonl", sums(4, source="a"))
+    routed = "{a: {class_path: exgrpo_pl.rewards.ReasoningReward}}"
+    reward = f"{{class_path: exgrpo_pl.rewards.RewardBySource, init_args: {{rewards: {routed}}}}}"
+    run = exgrpo_validate(
+        workdir, f"--model.reward_funcs=[{reward}]", "--model.val_num_generations=4",
+        f"--data.eval_sets={{s: {{path: {path}, domain_column: source, num_samples: 4}}}}",
+    )  # fmt: skip
+    header = next((line for line in run["output"].splitlines() if line.startswith("| set |")), "")
+    return verdict(run["code"] == 0 and "maj@4" in header, "works"), header, run
+
+
+def check_json_messages(workdir: Path) -> tuple[bool, str]:
+    from exgrpo_pl.data import PromptDataModule
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1="}]
+    path = write_jsonl(workdir / "train.jsonl", [{"prompt": json.dumps(messages), "answer": "2"}])
+    data = PromptDataModule(train_path=path, val_fraction=0, drop_system_prompt=True, batch_size=1)
+    data.setup("fit")
+    prompt = data.train_rows[0]["prompt"]
+    return prompt == messages[1:], f"prompt: {prompt!r}"
+
+
+def check_float_answers(workdir: Path) -> tuple[bool, str]:
+    """column 'answer' is nan"""
+    from exgrpo_pl.data import load_rows
+
+    rows = load_rows(write_jsonl(workdir / "a.jsonl", [{"prompt": "36+1=", "answer": 37.0}]))
+    (workdir / "b.json").write_text('[{"prompt": "1+1=", "answer": NaN}]')
+    if rows[0]["answer"] != "37":
+        return False, f"37.0 read as {rows[0]['answer']!r}"
+    load_rows(workdir / "b.json")
+    return False, "NaN accepted"
+
+
+def check_ids_ignore_none_keys(workdir: Path) -> tuple[bool, str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from exgrpo_pl.data import load_rows
+
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1="}], "answer": str(i + 1)} for i in range(2)]
+    pq.write_table(pa.Table.from_pylist(rows), workdir / "a.parquet")
+    rows[1]["prompt"][0]["name"] = "alice"
+    pq.write_table(pa.Table.from_pylist(rows), workdir / "b.parquet")
+    before, after = load_rows(workdir / "a.parquet"), load_rows(workdir / "b.parquet")
+    same = before[0]["id"] == after[0]["id"] and after[0]["prompt"] == before[0]["prompt"]
+    return same, f"first row's id {before[0]['id']} -> {after[0]['id']}, prompt {after[0]['prompt']!r}"
+
+
+def check_integer_source(workdir: Path) -> tuple[bool, str]:
+    from exgrpo_pl.data import load_rows
+    from exgrpo_pl.rewards import RewardBySource
+
+    path = write_jsonl(workdir / "a.jsonl", [{"prompt": "1+1=", "answer": "2", "data_source": 7}])
+    (row,) = load_rows(path, domain_column="data_source")
+    router = RewardBySource(
+        {7: lambda prompts, completions, **c: [1.0]}, default=lambda prompts, completions, **c: [0.0]
+    )
+    scores = router([row["prompt"]], ["2"], domain=[row["domain"]])
+    return scores == [
+        1.0
+    ], f"source {row['domain']!r} scored {scores} (1.0: its own reward, 0.0: the default)"
+
+
+def check_multiple_choice_pronoun(workdir: Path) -> tuple[bool, str]:
+    from exgrpo_pl.rewards import MultipleChoiceReward
+
+    chosen = MultipleChoiceReward(boxed_only=False).extract_answer("Answer: I think it is B")
+    return chosen is None, f"'Answer: I think it is B' chooses {chosen!r}"
+
+
+def probe_resume_on_other_file(workdir: Path) -> tuple[str, str, dict]:
+    root = f"--trainer.default_root_dir={workdir / 'run'}"
+    first = exgrpo(
+        workdir,
+        "--trainer.max_steps=2",
+        f"--data.train_path={write_jsonl(workdir / 'a.jsonl', sums(96))}",
+        root,
+    )
+    assert first["code"] == 0, first["output"][-2000:]
+    path = next((workdir / "run").glob("lightning_logs/*/checkpoints/*.ckpt"))
+    other = write_jsonl(workdir / "b.jsonl", sums(48))
+    run = exgrpo(workdir, "--trainer.max_steps=4", f"--data.train_path={other}", f"--ckpt_path={path}", root)
+    said = "b.jsonl' are not those the checkpoint was trained on (94 then, 47 now)"
+    return verdict(run["code"] != 0 and said in run["output"], "clear error"), last_error(run["output"]), run
+
+
 PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
     "2 url checkpoint payload": probe_url_payload,
     "2 local checkpoint payload": probe_local_payload,
@@ -445,6 +619,17 @@ PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
     "29.4 reward_weights all zero": probe_option(
         "--model.reward_weights=[0.0]", expect=r"reward_weights=\[0.0\]: at least one must be non-zero"
     ),
+    "37.1 dataset column 'completions'": probe_completions_column,
+    "37.2 one-domain set averaged by domain": probe_one_domain_average,
+    "37.3 one problem under two domains": probe_problem_in_two_domains,
+    "37.4 validate_at_start, named sets only": probe_start_with_named_sets_only,
+    "37.5 maj@k with RewardBySource": probe_maj_by_source,
+    "37.6 messages as JSON text, no system": in_process(check_json_messages, "works"),
+    "37.7 answers 37.0 and NaN": in_process(check_float_answers, "clear error"),
+    "37.8 key added to one parquet message": in_process(check_ids_ignore_none_keys, "works"),
+    "37.9 RewardBySource key 7, source 7": in_process(check_integer_source, "works"),
+    "37.10 'Answer: I think it is B'": in_process(check_multiple_choice_pronoun, "works"),
+    "37.11 resume on another training file": probe_resume_on_other_file,
 }
 
 

@@ -317,6 +317,7 @@ class PromptDataModule(L.LightningDataModule):
             generator=torch.Generator().manual_seed(seed),
             epoch_batches=self._epoch_batches,
             before_pass=self._before_pass,
+            source=self._source(),
         )
 
     def add_pass_hook(self, hook: Callable[[PromptDataModule], None]) -> None:

@@ -1,18 +1,38 @@
 """A row's values by column name or dotted path (`reward_model.ground_truth`), and its prompt: text, or a
-list of chat messages checked message by message, with its leading system messages dropped on request.
-Errors name the row (`where`), the column and what is wrong. Used by `exgrpo_pl.data.loading`.
+list of chat messages checked message by message (also when the column holds them as a JSON string), with
+its leading system messages dropped on request. Errors name the row (`where`), the column and what is wrong.
+Used by `exgrpo_pl.data.loading`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
+
+
+def number_text(value: int | float, where: str, column: str) -> str:
+    """A number as text: an int as written, an integral float as that integer (`37.0` -> "37", as an answer
+    37 reads; a float column is how pandas stores integers next to a missing value), another float as Python
+    prints it (`0.5` -> "0.5").
+
+    Raises:
+        ValueError: on NaN or an infinity (a missing value, in a float column), naming the row and the column.
+    """
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(
+                f"{where}: column {column!r} is {value} (a missing value?); give the row a value or drop it"
+            )
+        if value.is_integer():
+            return str(int(value))
+    return str(value)
 
 
 def text_value(value: Any, where: str, column: str) -> str:
     # Numbers are fine as answers (JSON and parquet keep "42" as an int); containers and None are not.
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
+        value = number_text(value, where, column)
     if not isinstance(value, str):
         raise ValueError(f"{where}: column {column!r} must be text, got {type(value).__name__}")
     if not value.strip():
@@ -58,6 +78,31 @@ def lookup(raw: dict[str, Any], path: str, where: str) -> Any:
     )
 
 
+def as_messages(value: Any) -> Any:
+    """A prompt value as chat messages where it holds them: a list's dict entries without their keys valued
+    None (a parquet file gives every message the keys of all of them, None where a message has none: they
+    are not part of the question, and must not reach a chat template), and text that is a JSON list of
+    messages (objects with a "role") parsed into that list. Anything else is returned as it is."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return value
+        if not (
+            parsed and isinstance(parsed, list) and all(isinstance(m, dict) and "role" in m for m in parsed)
+        ):
+            return value
+        value = parsed
+    if not isinstance(value, list):
+        return value
+    return [
+        {key: field for key, field in message.items() if field is not None}
+        if isinstance(message, dict)
+        else message
+        for message in value
+    ]
+
+
 def checked_messages(value: list[Any], where: str, column: str) -> list[dict[str, Any]]:
     """`value` when it is a non-empty list of chat messages, each a dict with a string role and content."""
     if not value:
@@ -69,7 +114,6 @@ def checked_messages(value: list[Any], where: str, column: str) -> list[dict[str
                 f"{at} must be an object with 'role' and 'content', got {type(message).__name__}"
             )
         for key in ("role", "content"):
-            # Parquet gives every message the keys of all of them, None where a message has none.
             if message.get(key) is None:
                 present = sorted(name for name, field in message.items() if field is not None)
                 raise ValueError(f"{at} has no {key!r}; its keys: {present}")
@@ -87,7 +131,9 @@ def without_system(messages: list[Any]) -> list[Any]:
 
 
 def prompt_value(value: Any, where: str, column: str, drop_system_prompt: bool) -> str | list[dict[str, Any]]:
-    """A row's prompt: text, or a list of chat messages (leading system ones dropped if asked)."""
+    """A row's prompt: text, or a list of chat messages (`as_messages`; leading system ones dropped if
+    asked)."""
+    value = as_messages(value)
     if not isinstance(value, list):
         return text_value(value, where, column)
     messages = checked_messages(value, where, column)

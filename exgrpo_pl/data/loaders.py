@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import zlib
 from collections.abc import Callable, Iterator, Sequence, Set
 from typing import Any
 
@@ -65,6 +66,27 @@ def check_enough_left(sampler: ExcludingRandomSampler, batch_size: int) -> None:
             f"only {left} of {len(sampler.question_ids)} training questions are left (the others are"
             f" retired), fewer than one batch of {batch_size}; nothing is left to train on"
         )
+
+
+def question_fingerprint(question_ids: Sequence[int]) -> dict[str, int]:
+    """Which training questions there are, in order: `{"rows": count, "crc32": of their ids}`."""
+    return {"rows": len(question_ids), "crc32": zlib.crc32(",".join(map(str, question_ids)).encode())}
+
+
+def check_same_questions(saved: dict[str, int] | None, now: dict[str, int], source: str) -> None:
+    """Raises ValueError when a restored state was saved with other training questions (`saved`; None:
+    unknown) than the run's (`now`, from `source`): its pass, epoch length and retired ids are of others."""
+    if saved is None or saved == now:
+        return
+    count = f"{saved['rows']} then, {now['rows']} now"
+    if saved["rows"] == now["rows"]:
+        count = f"{now['rows']} both times, but other questions or another order"
+    raise ValueError(
+        f"Resuming: the training questions of {source} are not those the checkpoint was trained on ({count}),"
+        " so its data order, epoch length and retired questions do not apply to them. Resume with the"
+        " checkpoint's training data (the same train_path, val_path, val_fraction, seed and column options),"
+        " or start a new run for the new data"
+    )
 
 
 class ExcludingRandomSampler(DistributedSampler):
@@ -180,10 +202,15 @@ class ResumableLoader(StatefulDataLoader):
     Over a `PassStream` (`exgrpo_pl.data.stream`) it begins no pass: each iteration goes on from the
     stream's position, which draws passes itself, and the state saved is the stream's.
 
+    Its state also records which training questions the sampler draws from (`question_fingerprint`): a state
+    saved over other questions (another file, split or ids) is refused (`check_same_questions`), since its
+    pass, position and epoch length are of other data.
+
     Args:
         args: `StatefulDataLoader`'s.
         epoch_batches: the most batches an epoch takes; None: no limit.
         before_pass: called right before each new pass is drawn.
+        source: where the training questions come from, for the messages.
         kwargs: `StatefulDataLoader`'s.
     """
 
@@ -192,11 +219,13 @@ class ResumableLoader(StatefulDataLoader):
         *args: Any,
         epoch_batches: Callable[[], float] | None = None,
         before_pass: Callable[[], None] | None = None,
+        source: str = "the training data",
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.epoch_batches = epoch_batches
         self.before_pass = before_pass
+        self.source = source
         self._restored: dict[str, Any] | None = None  # the position loaded, until a batch is taken after it
         self._taken_at_start = 0
 
@@ -221,18 +250,23 @@ class ResumableLoader(StatefulDataLoader):
     def state_dict(self) -> dict[str, Any]:
         """`{"pass": the sampler's pass, "loader": torchdata's state, None at the end of the pass}`; over a
         `PassStream`, `{"pass": the stream's state, "loader": None}` (the stream holds its position)."""
+        questions = question_fingerprint(self.sampler.question_ids)
         if self.sampler.is_stream:
-            return {"pass": self.sampler.pass_state(), "loader": None}
+            return {"pass": self.sampler.pass_state(), "loader": None, "questions": questions}
         iterator = self._iterator
         limit = self.epoch_batches() if self.epoch_batches is not None else math.inf
         finished = iterator is None or iterator._num_yielded >= min(len(iterator), limit)
         return {
             "pass": self.sampler.pass_state(finished),
             "loader": None if finished else super().state_dict(),
+            "questions": questions,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores the pass, and the position in it when it was not finished."""
+        """Restores the pass, and the position in it when it was not finished; a state saved over other
+        training questions is a ValueError (a state without the record, saved before it was kept, is not)."""
+        now = question_fingerprint(self.sampler.question_ids)
+        check_same_questions(state_dict.get("questions"), now, self.source)
         if self.sampler.is_stream:
             state, saved = dict(state_dict["pass"]), state_dict["loader"]
             if "position" not in state and saved:  # saved by the plain sampler: its torchdata count

@@ -45,11 +45,25 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo_pl.batch import text_id
-from exgrpo_pl.data.fields import lookup, prompt_key, prompt_value, text_value, walk, without_system
+from exgrpo_pl.data.fields import (
+    as_messages,
+    lookup,
+    prompt_key,
+    prompt_value,
+    text_value,
+    walk,
+    without_system,
+)
 from exgrpo_pl.data.files import read_raw_rows
+from exgrpo_pl.rewards.base import REWARD_ARGUMENTS
 from exgrpo_pl.rewards.math_verify import extract_boxed
 
 _INT64 = (-(2**63), 2**63 - 1)
+
+RESERVED_COLUMNS = (*REWARD_ARGUMENTS, "question_id")
+"""Column names a dataset may not use: the arguments reward functions get from the trainer (a column would
+replace one in every reward call; `exgrpo_pl.rewards.base.REWARD_ARGUMENTS` lists them) and the batch key
+of the question ids."""
 
 ANSWER_FROM = ("column", "boxed")
 """The allowed values of `answer_from`: the answer column as it is, or the content of its last box."""
@@ -107,11 +121,14 @@ def load_rows(
     Args:
         path: a `.jsonl`, `.json` or `.parquet` file, or a `datasets.Dataset.save_to_disk` directory.
         prompt_column: column holding the prompt: text, or a list of chat messages (dicts with a string
-            `role` and `content`), kept as that list; becomes `prompt`.
-        answer_column: column holding the reference answer (numbers become strings); becomes `answer`.
+            `role` and `content`; or JSON text of such a list), kept as that list without the keys valued
+            None; becomes `prompt`.
+        answer_column: column holding the reference answer (numbers become text, a float that is an integer
+            that integer, with a warning naming the float rows); becomes `answer`.
         id_column: column holding a stable question id (an int, or a string, hashed with `text_id` unless
             it is a decimal integer); becomes `id`. None: `id` is the `text_id` of the prompt (of a canonical
-            JSON of its messages, keys sorted), which stays the same across runs and row orders.
+            JSON of its messages, keys sorted, None-valued keys left out), which stays the same across runs,
+            row orders and keys added to other rows' messages.
         domain_column: column holding the task/domain name (verl's `data_source`); becomes `domain`.
         answer_from: "column" takes the answer column as it is; "boxed" reads it as a worked solution
             (e.g. MATH's `solution`) and takes the content of its last `\\boxed{...}`, nested braces kept.
@@ -119,7 +136,9 @@ def load_rows(
             computed); text prompts are unchanged.
         count_repeats: for an evaluation file, which repeats a problem once per sample it is scored on (the
             paper's test file holds each AIME and AMC problem 32 times): a repeated row is counted instead
-            of dropped, and every row gets `num_samples`, the number of rows of its question. No warning.
+            of dropped, and every row gets `num_samples`, the number of rows of its question. A question is
+            one per domain: a problem under two domains (benchmarks) is kept once in each, with its own count,
+            and a warning names the rows.
 
     Returns:
         The rows in file order, each question once. Columns not named above keep their names and values.
@@ -132,9 +151,9 @@ def load_rows(
             or answer, a message that is not a dict with a string role and content, an empty list of
             messages (or one left empty by `drop_system_prompt`), a repeated prompt with a different answer,
             a repeated id with a different prompt or answer, two different prompts or ids whose hashed ids
-            collide, a column whose name clashes with a normalized key, an unknown `answer_from`, a solution
-            without a complete `\\boxed{...}` (or with an empty one) when `answer_from="boxed"`, or no rows
-            at all.
+            collide, a column whose name clashes with a normalized key or is one of `RESERVED_COLUMNS`, a NaN
+            or infinite answer, an unknown `answer_from`, a solution without a complete `\\boxed{...}` (or
+            with an empty one) when `answer_from="boxed"`, or no rows at all.
         FileNotFoundError: if `path` does not exist.
     """
     check_answer_from(answer_from)
@@ -144,9 +163,13 @@ def load_rows(
     sources = {"prompt": prompt_column, "answer": answer_column, "id": id_column, "domain": domain_column}
     required = [column for column in sources.values() if column is not None]
     rows: list[dict[str, Any]] = []
-    first_seen: dict[int, tuple[str, int | str, dict[str, Any]]] = {}  # id -> (position, question, row)
+    # key -> (position, question, row); the key is the id, and in an evaluation file (id, domain): a problem
+    # that two benchmarks of the file share is a problem of each.
+    first_seen: dict[Any, tuple[str, int | str, dict[str, Any]]] = {}
     repeats: list[tuple[str, str]] = []  # (position dropped, position of the row it repeats)
-    samples: dict[int, int] = {}  # id -> rows of that question
+    samples: dict[Any, int] = {}  # key -> rows of that question
+    floats: list[str] = []  # "line 3: 37.0 -> '37'" for each answer given as a float
+    domains_of: dict[int, dict[str, str]] = {}  # id -> {domain: position of its first row}, evaluation files
     for position, raw in read_raw_rows(path):
         where = f"{path}: {position}"
         if not isinstance(raw, dict):
@@ -164,8 +187,19 @@ def load_rows(
             raise ValueError(f"{where}: column 'num_samples' would be replaced by the count of its repeats")
         # A column read by its name is renamed; one a dotted path reads inside stays, whole.
         row = {key: value for key, value in raw.items() if key not in required}
+        for key in row:
+            if key in RESERVED_COLUMNS:
+                what = (
+                    "the question ids' batch key" if key == "question_id" else "an argument reward functions"
+                )
+                raise ValueError(
+                    f"{where}: column {key!r} has the name of {what} get from the trainer, which it would"
+                    f" replace (reserved: {', '.join(RESERVED_COLUMNS)}); rename the column"
+                )
         row["prompt"] = prompt_value(values["prompt"], where, prompt_column, drop_system_prompt)
         row["answer"] = text_value(values["answer"], where, answer_column)
+        if isinstance(values["answer"], float):
+            floats.append(f"{position}: {values['answer']!r} -> {row['answer']!r}")
         if answer_from == "boxed":
             row["answer"] = _boxed_answer(row["answer"], where, answer_column)
         # `question` identifies the question: its prompt, or its id as written (before any hashing).
@@ -176,22 +210,34 @@ def load_rows(
             row["id"], question = _question_id(values["id"], where, id_column)
         if domain_column is not None:
             row["domain"] = text_value(values["domain"], where, domain_column)
-        if row["id"] in first_seen:
-            earlier, earlier_question, earlier_row = first_seen[row["id"]]
+        key = (row["id"], row.get("domain")) if count_repeats else row["id"]
+        if key in first_seen:
+            earlier, earlier_question, earlier_row = first_seen[key]
             _check_repeat(
                 path, (earlier, position), (earlier_question, question), (earlier_row, row), id_column
             )
             repeats.append((position, earlier))
-            samples[row["id"]] += 1
+            samples[key] += 1
             continue
-        first_seen[row["id"]] = (position, question, row)
-        samples[row["id"]] = 1
+        if count_repeats:
+            domains_of.setdefault(row["id"], {})[row.get("domain")] = position
+        first_seen[key] = (position, question, row)
+        samples[key] = 1
         rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
+    if floats:
+        more = f" and {len(floats) - 5} more" if len(floats) > 5 else ""
+        warnings.warn(
+            f"{path}: column {answer_column!r} holds {len(floats)} answer(s) as floats, read as integers"
+            f" where integral and as Python prints them otherwise: {'; '.join(floats[:5])}{more}; store the"
+            " answers as text to say exactly how each reads",
+            stacklevel=2,
+        )
     if count_repeats:
         for row in rows:
-            row["num_samples"] = samples[row["id"]]
+            row["num_samples"] = samples[(row["id"], row.get("domain"))]
+        _warn_shared_problems(path, domains_of)
     elif repeats:
         named = ", ".join(f"{dropped} (repeats {kept})" for dropped, kept in repeats[:5])
         more = f" and {len(repeats) - 5} more" if len(repeats) > 5 else ""
@@ -202,6 +248,25 @@ def load_rows(
             stacklevel=2,
         )
     return rows
+
+
+def _warn_shared_problems(path: Path, domains_of: dict[int, dict[str, str]]) -> None:
+    """Warns, naming the first few, about problems an evaluation file holds under several domains: each domain
+    keeps its own (sampled and reported as one of its problems), which a reader of the per-domain counts
+    should know."""
+    shared = [positions for positions in domains_of.values() if len(positions) > 1]
+    if not shared:
+        return
+    named = "; ".join(
+        ", ".join(f"{position} ({domain!r})" for domain, position in positions.items())
+        for positions in shared[:5]
+    )
+    more = f" and {len(shared) - 5} more" if len(shared) > 5 else ""
+    warnings.warn(
+        f"{path}: {len(shared)} problem(s) appear under several domains: {named}{more}; each domain keeps its"
+        " own, sampled and reported with that domain's problems",
+        stacklevel=3,
+    )
 
 
 def find_row(path: str | Path, column: str, value: Any, drop_system_prompt: bool = False) -> str | None:
@@ -221,6 +286,7 @@ def find_row(path: str | Path, column: str, value: Any, drop_system_prompt: bool
         if not isinstance(raw, dict):
             continue
         found, missing = walk(raw, column)
+        found = as_messages(found)
         if drop_system_prompt and isinstance(found, list):
             found = without_system(found)
         if missing is None and found == value:

@@ -42,8 +42,9 @@ def build_table(
 
     The averages are over benchmarks, as the paper's: a set is one benchmark, and its "set/domain" rows are
     shown under it, unless `by_domain` names it: then each of its domains is one (the paper's mixed test
-    file). They are taken over the in-distribution benchmarks, the out-of-distribution ones (the sets that
-    `out_of_distribution` names) and all.
+    file), and a set of one domain, which has no "set/domain" rows, is one benchmark still. They are taken
+    over the in-distribution benchmarks, the out-of-distribution ones (the sets that `out_of_distribution`
+    names) and all.
 
     Returns:
         `{"rows": {name: {"score": headline, **metrics}}, "averages": {"in-distribution": x,
@@ -53,6 +54,8 @@ def build_table(
     unknown = (ood | split) - set(results)
     if unknown:
         raise ValueError(f"out_of_distribution or by_domain name sets with no results: {sorted(unknown)}")
+    # A set averaged by domain that holds one domain has no "set/domain" rows: its own row is that domain's.
+    split &= {name.split("/")[0] for name in results if "/" in name}
     benchmarks = {  # name -> (its set, headline)
         name: (name.split("/")[0], headline(metrics))
         for name, metrics in results.items()

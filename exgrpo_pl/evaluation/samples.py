@@ -6,7 +6,8 @@ Plain PyTorch: the rows of a `RolloutBatch` as `RolloutCollector.collect` return
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -27,8 +28,9 @@ def problem_samples(
     repeats: Sequence[int],
     clipped: torch.Tensor,
     question_ids: Sequence[int] | None = None,
-    answer_of: Callable[[str], str | None] | None = None,
+    answer_of: Callable[[str, Mapping[str, Any]], str | None] | None = None,
     domains: Sequence[str | None] | None = None,
+    columns: Mapping[str, Sequence[Any]] | None = None,
 ) -> list[ProblemSamples]:
     """One `ProblemSamples` per prompt of `rollouts`.
 
@@ -37,9 +39,11 @@ def problem_samples(
         repeats: samples of each prompt.
         clipped: `[N]` bool, rows cut at the length limit (`clipped_rows`).
         question_ids: each prompt's question id, or None.
-        answer_of: extracts a completion's answer for maj@k (a reward function's `extract_answer`); None:
-            no maj@k.
+        answer_of: `answer_of(completion text, the prompt's columns)` extracts a completion's answer for maj@k
+            (`exgrpo_pl.rewards.by_source.extract_answer` of a reward function); None: no maj@k.
         domains: each prompt's domain, or None.
+        columns: the prompts' dataset columns (column -> one value per prompt), which `answer_of` gets, each
+            prompt its own values; None: none.
     """
     if sum(repeats) != len(rollouts):
         raise ValueError(f"problem_samples: repeats add up to {sum(repeats)} for {len(rollouts)} rows")
@@ -50,7 +54,8 @@ def problem_samples(
     for i, count in enumerate(repeats):
         rows = slice(start, start + count)
         start += count
-        answers = [answer_of(text) for text in rollouts.completions[rows]] if answer_of else None
+        row = {key: values[i] for key, values in (columns or {}).items()}
+        answers = [answer_of(text, row) for text in rollouts.completions[rows]] if answer_of else None
         problems.append(
             ProblemSamples(
                 correct=[bool(c) for c in correct[rows]],

@@ -6,9 +6,10 @@ samples.
 A named set's problems are sampled k times each (the set's `num_samples`, or as often as the problem's row
 repeats in its file), plus one greedy completion with `val_greedy`; maj@k is reported where the first
 reward function extracts answers (`extract_answer(completion_text) -> str | None`, as every shipped verifier
-does). Each rank keeps one `ProblemSamples` per
-problem; at the end of the evaluation they are gathered, every problem counted once (a distributed sampler
-pads a rank's share with repeats), and `exgrpo_pl.evaluation` turns them into `<stage>/<set>/<metric>`,
+does; one that takes `**columns` also gets the row's dataset columns, as `RewardBySource`'s does, which asks
+the function of the row's source). Each rank keeps one `ProblemSamples` per problem; at the end of the
+evaluation they are gathered, every problem counted once (a distributed sampler pads a rank's share with
+repeats), and `exgrpo_pl.evaluation` turns them into `<stage>/<set>/<metric>`,
 `<stage>/<set>/<domain>/<metric>` where a set mixes domains, and the averages of the sets' headline avg@k
 (`<stage>/average/score`, `/average_id/score`, `/average_ood/score`). The table is kept as
 `last_evaluation_table` for `exgrpo validate` and `exgrpo test` to print and write.
@@ -16,6 +17,7 @@ pads a rank's share with repeats), and `exgrpo_pl.evaluation` turns them into `<
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import defaultdict
@@ -29,6 +31,7 @@ from torchmetrics import MeanMetric
 from exgrpo_pl.evaluation import ProblemSamples, summarize
 from exgrpo_pl.evaluation.report import build_table
 from exgrpo_pl.evaluation.samples import clipped_rows, problem_samples
+from exgrpo_pl.rewards.by_source import extract_answer
 from exgrpo_pl.seeding import derive_seed
 from exgrpo_pl.step.groups import RolloutPlan, dataset_columns, plan_rollouts
 
@@ -103,9 +106,10 @@ class PassRateEvaluation:
                     RolloutPlan(prompts, question_ids, [1] * len(prompts), columns), 0.0
                 )
         clipped = clipped_rows(rollouts, hp.max_completion_length, self.eos_token_ids)
-        answer_of = getattr(self.collector.reward_funcs[0], "extract_answer", None)
+        first = self.collector.reward_funcs[0]
+        answer_of = functools.partial(extract_answer, first) if hasattr(first, "extract_answer") else None
         problems = problem_samples(
-            rollouts, repeats, clipped, question_ids.tolist(), answer_of, batch.get("domain")
+            rollouts, repeats, clipped, question_ids.tolist(), answer_of, batch.get("domain"), columns
         )
         if greedy is not None:
             for problem, correct in zip(problems, greedy.correct.tolist()):
@@ -115,9 +119,16 @@ class PassRateEvaluation:
     def _log_sets(self, stage: str) -> None:
         """Logs the named sets' metrics from every rank's problems and keeps the table (see the module
         docstring). Call at the end of a validation or test epoch."""
+        metrics = self._set_metrics(stage)
+        if metrics:
+            self.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=False)
+
+    def _set_metrics(self, stage: str) -> dict[str, float]:
+        """The named sets' metrics (`<stage>/<set>/<metric>` and the averages) from every rank's problems,
+        which it clears, keeping the table; empty when no set was sampled. Every rank must call it."""
         problems = getattr(self, "_set_problems", None)
         if not problems:
-            return
+            return {}
         self._set_problems = defaultdict(list)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered: list = [None] * dist.get_world_size()
@@ -126,10 +137,11 @@ class PassRateEvaluation:
             gathered = [problems]
         results = {}
         for name in sorted({name for part in gathered for name in part}):
-            unique: dict[int, ProblemSamples] = {}
+            # A problem is its question in its domain: an evaluation file may hold one under two domains.
+            unique: dict[tuple, ProblemSamples] = {}
             for part in gathered:
                 for problem in part.get(name, []):
-                    unique.setdefault(problem.question_id, problem)
+                    unique.setdefault((problem.question_id, problem.domain), problem)
             results[name] = summarize(list(unique.values()))
             domains = {problem.domain for problem in unique.values()}
             if len(domains) > 1:
@@ -148,11 +160,11 @@ class PassRateEvaluation:
         }
         short = {"all": "average", "in-distribution": "average_id", "out-of-distribution": "average_ood"}
         metrics.update({f"{stage}/{short[group]}/score": value for group, value in table["averages"].items()})
-        self.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=False)
+        return metrics
 
     def _validate_at_start(self) -> None:
-        """With `validate_at_start`, measures validation pass@1 before the first update and logs it at step 0.
-        Call in `on_train_start`."""
+        """With `validate_at_start`, measures validation pass@1 and the named evaluation sets before the first
+        update and logs them at step 0. Call in `on_train_start`."""
         # A resumed run measured its start already, and logged it at step 0.
         if not self.hparams.validate_at_start or self.trainer.datamodule is None or self.global_step > 0:
             return
@@ -163,19 +175,30 @@ class PassRateEvaluation:
         loaders = self.trainer.val_dataloaders
         if not loaders:  # no validation batches (limit_val_batches=0, an empty validation set)
             return
-        start = MeanMetric().to(self.device)
+        start, plain = MeanMetric().to(self.device), False
+        self._set_problems = defaultdict(list)
         for index, (loader, limit) in enumerate(zip(CombinedLoader(loaders).flattened, val_loop.max_batches)):
-            if self._set_name(index) is not None:  # the plain validation set only: named sets log their own
-                continue
+            name = self._set_name(index)
+            plain |= name is None
             batches = itertools.islice(loader, None if math.isinf(limit) else int(limit))
             for batch_idx, batch in enumerate(batches):
-                start.update(self._pass_rate(batch, batch_idx))
-        value = float(start.compute())
-        self.best_val_pass_at_1 = max(self.best_val_pass_at_1, value)
-        if self.logger is not None:
-            metrics = {"val/pass@1": value, "val/best_pass@1": self.best_val_pass_at_1}
+                if name is None:
+                    start.update(self._pass_rate(batch, batch_idx))
+                else:
+                    self._sample_set(batch, batch_idx, name)
+        # Only the sets there are: with named sets alone (val_fraction 0) there is no plain pass@1.
+        metrics = {"val/pass@1": float(start.compute())} if plain else {}
+        if plain:
+            self.best_val_pass_at_1 = max(self.best_val_pass_at_1, metrics["val/pass@1"])
+            metrics["val/best_pass@1"] = self.best_val_pass_at_1
+        metrics.update(self._set_metrics("val"))
+        if self.logger is not None and metrics:
             self.logger.log_metrics(metrics, step=self.global_step)
-        rank_zero_info(f"val/pass@1 before training: {value:.3f}")
+        shown = [
+            key for key in metrics if key == "val/pass@1" or (key.endswith("/score") and key.count("/") == 2)
+        ]
+        for key in shown:
+            rank_zero_info(f"{key} before training: {metrics[key]:.3f}")
 
     def on_validation_start(self) -> None:
         self.val_pass_at_1.set_dtype(torch.float32)

@@ -36,6 +36,14 @@ Completion = str | Messages
 message."""
 
 
+REWARD_ARGUMENTS = (
+    "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments",
+)  # fmt: skip
+"""The keyword arguments reward functions get from the trainer itself (here and in TRL), not from the
+dataset: a dataset column with one of these names would replace the argument in every reward call, so it is
+an error (`compute_rewards`; the data module names the file and row before training)."""
+
+
 def completion_text(completion: Completion) -> str:
     """The text of a completion: itself, or a conversational completion's last message's content.
 
@@ -302,8 +310,9 @@ def compute_rewards(
 
     Raises:
         ValueError: on no functions, a weight that is not finite, a weights/functions or column/prompt length
-            mismatch, two functions with the same name, a bad `timeout_seconds`, or a function returning the
-            wrong number of scores or a score that is NaN or infinite (naming the function and the row).
+            mismatch, a column named like one of `REWARD_ARGUMENTS`, two functions with the same name, a bad
+            `timeout_seconds`, or a function returning the wrong number of scores or a score that is NaN or
+            infinite (naming the function and the row).
         TypeError: when a function returns something other than `list[float | None]` of length N (naming
             the function, what it returned and, for a bad score, the row).
         RewardTimeoutError: when a function runs past `timeout_seconds`.
@@ -325,6 +334,11 @@ def compute_rewards(
     if len(completions) != n:
         raise ValueError(f"got {len(completions)} completions for {n} prompts")
     for key, values in columns.items():
+        if key in REWARD_ARGUMENTS:
+            raise ValueError(
+                f"column {key!r} has the name of an argument reward functions get from the trainer"
+                f" ({', '.join(REWARD_ARGUMENTS)}), which it would replace; rename the column"
+            )
         if len(values) != n:
             raise ValueError(f"column {key!r} has {len(values)} values for {n} prompts")
 

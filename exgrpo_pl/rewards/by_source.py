@@ -8,10 +8,13 @@ multiple-choice science) in one file, told apart by their `data_source` column.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from exgrpo_pl.rewards.base import Completion, Prompt, reward_name
+
+_UNKNOWN = object()  # `_function_of`: the source has no function and there is no default
 
 
 def _per_row(value: Any, n: int) -> bool:
@@ -23,6 +26,37 @@ def _per_row(value: Any, n: int) -> bool:
         and not isinstance(value, (str, bytes, Mapping))
         and len(value) == n
     )
+
+
+def source_key(source: Any) -> Any:
+    """A source as routing compares it: an integer as its text (a YAML key `7:` and a `data_source` of 7 read
+    from a file, which the data module turns into "7", are the same source), anything else as it is."""
+    return str(source) if isinstance(source, int) and not isinstance(source, bool) else source
+
+
+def _takes_columns(method: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)
+
+
+def extract_answer(fn: Callable[..., Any], completion: Completion, columns: Mapping[str, Any]) -> str | None:
+    """The answer reward function `fn` reads in a completion, for majority voting (maj@k): its
+    `extract_answer(completion)`, which also gets the row's dataset columns (one value each) when it takes
+    keyword arguments (`**columns`, as `RewardBySource`'s does: it asks the function of the row's source).
+    None when `fn` has no `extract_answer` or reads no answer.
+
+    Args:
+        fn: a reward function.
+        completion: the model's completion: text, or conversational.
+        columns: the row's dataset columns, column -> value.
+    """
+    method = getattr(fn, "extract_answer", None)
+    if method is None:
+        return None
+    return method(completion, **columns) if _takes_columns(method) else method(completion)
 
 
 class RewardBySource:
@@ -40,8 +74,11 @@ class RewardBySource:
     whole call runs in `compute_rewards`' worker process under its limit, the functions with it (a
     `MathVerifyReward` among them then starts a worker of its own there at every call, a second or so).
 
+    Majority voting (maj@k) reads each row's answer with its source's function (`extract_answer`).
+
     Args:
-        rewards: source -> the reward function scoring that source's rows, or None for no score.
+        rewards: source -> the reward function scoring that source's rows, or None for no score. An integer
+            source is its text (`source_key`): the key `7` routes the rows whose source is 7 or "7".
         default: the reward function of the rows whose source `rewards` does not name; None: such a row is
             an error.
         column: the column holding each row's source.
@@ -49,7 +86,7 @@ class RewardBySource:
 
     Raises:
         TypeError: on a reward function that is not callable.
-        ValueError: on no reward functions at all.
+        ValueError: on no reward functions at all, or two sources that are the same as text (`7` and "7").
     """
 
     def __init__(
@@ -66,7 +103,14 @@ class RewardBySource:
             raise TypeError(f"RewardBySource: default is not callable: {default!r}")
         if default is None and not any(fn is not None for fn in rewards.values()):
             raise ValueError("RewardBySource needs at least one reward function (in `rewards` or `default`)")
-        self.rewards = dict(rewards)
+        self.rewards: dict[Any, Callable[..., Any] | None] = {}
+        for source, fn in rewards.items():
+            key = source_key(source)
+            if key in self.rewards:
+                raise ValueError(
+                    f"RewardBySource: sources {source!r} and {key!r} are the same source; keep one"
+                )
+            self.rewards[key] = fn
         self.default = default
         self.column = column
         self.name = name
@@ -110,15 +154,12 @@ class RewardBySource:
         unknown: dict[Any, list[int]] = {}
         scores: list[float | None] = [None] * n
         for row, source in enumerate(sources):
-            if source in self.rewards:
-                fn = self.rewards[source]
-                if fn is None:
-                    continue  # not scored: its row keeps None
-            elif self.default is not None:
-                fn = self.default
-            else:
+            fn = self._function_of(source)
+            if fn is _UNKNOWN:
                 unknown.setdefault(source, []).append(row)
                 continue
+            if fn is None:
+                continue  # not scored: its row keeps None
             _, rows, routed = routes.setdefault(id(fn), (fn, [], []))
             rows.append(row)
             if source not in routed:
@@ -140,3 +181,35 @@ class RewardBySource:
             for row, value in zip(rows, result):
                 scores[row] = value
         return scores
+
+    def _function_of(self, source: Any) -> Any:
+        """The function of rows from `source`: its own, None (not scored), the default, or `_UNKNOWN`."""
+        key = source_key(source)
+        if key in self.rewards:
+            return self.rewards[key]
+        return self.default if self.default is not None else _UNKNOWN
+
+    def extract_answer(self, completion: Completion, **columns: Any) -> str | None:
+        """The answer the function of the row's source reads in a completion (see `extract_answer`), for
+        majority voting; None where that function reads none, or the source is not scored.
+
+        Args:
+            completion: the model's completion.
+            **columns: the row's dataset columns, one value each, `column` among them.
+
+        Raises:
+            ValueError: when `column` is missing, or the row's source has no function and there is no default.
+        """
+        if self.column not in columns:
+            raise ValueError(
+                f"reward function {self.name!r} reads answers by the {self.column!r} column, which the row"
+                f" lacks; columns present: {sorted(columns)}"
+            )
+        source = columns[self.column]
+        fn = self._function_of(source)
+        if fn is _UNKNOWN:
+            raise ValueError(
+                f"reward function {self.name!r} has no reward function for source {source!r}, and no default;"
+                f" its sources: {sorted(map(str, self.rewards))}"
+            )
+        return None if fn is None else extract_answer(fn, completion, columns)

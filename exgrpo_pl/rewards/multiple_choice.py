@@ -22,9 +22,13 @@ from exgrpo_pl.rewards.math_verify import extract_boxed
 _LABEL = re.compile(r"[A-Za-z]|[1-9]")
 # LaTeX wrappers a model puts around a boxed label, which the paper's grader strips too.
 _WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf)\s*\{(.*)\}", re.DOTALL)
-# "answer is (C)", "Answer: C", "ANSWER: C", "**Answer:** C": the label must be a token of its own, and an
-# upper-case letter, so that "the answer is a prime" chooses nothing.
-_ANSWER_PHRASE = re.compile(r"(?i:answer)(?:\s+(?i:is))?[\s:*]*[(\[]?([A-Z]|[1-9])[)\]]?(?![A-Za-z0-9])")
+# "answer is (C)", "Answer: C", "ANSWER: C", "**Answer:** C": the label is an upper-case letter or a digit,
+# so that "the answer is a prime" chooses nothing, and either in brackets or ending its clause (the text, a
+# line or a sentence ends after it), so that the pronoun of "Answer: I think it is B" is no option I.
+_ANSWER_PHRASE = re.compile(
+    r"(?i:answer)(?:\s+(?i:is))?[\s:*]*"
+    r"(?:[(\[]([A-Z]|[1-9])[)\]]|([A-Z]|[1-9])(?=[ \t]*(?:\Z|[\n,;:!?*)\]]|\.(?!\d))))"
+)
 
 
 def option_label(text: str) -> str | None:
@@ -50,7 +54,8 @@ class MultipleChoiceReward(AnswerReward):
 
     The chosen option is the last `\\boxed{...}` of the completion (of its text, for a conversational one)
     when it holds one option label (see `option_label`); a completion with no such box chose nothing, unless
-    `boxed_only` is False: then it chose the label of its last "answer is (X)" / "Answer: X".
+    `boxed_only` is False: then it chose the label of its last "answer is (X)" / "Answer: X", a bare label
+    only where its clause ends there ("Answer: I think it is B" chooses nothing, not option I).
 
     Args:
         boxed_only: read the boxed answer only, as the paper does; False adds the answer-phrase fallback.
@@ -77,7 +82,7 @@ class MultipleChoiceReward(AnswerReward):
         boxed = extract_boxed(text)
         chosen = option_label(boxed) if boxed is not None else None
         if chosen is None and not self.boxed_only:
-            phrases = _ANSWER_PHRASE.findall(text)
+            phrases = [bracketed or bare for bracketed, bare in _ANSWER_PHRASE.findall(text)]
             chosen = phrases[-1] if phrases else None
         return chosen
 

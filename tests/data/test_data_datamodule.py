@@ -3,6 +3,7 @@ sharding, seeds, the resumable training loader, and data too small for one batch
 
 import io
 import json
+import zlib
 from pathlib import Path
 
 import lightning as L
@@ -217,6 +218,49 @@ def test_state_dict_round_trip():
     assert not {1, 2, 3} & set(epoch_ids(loader))
 
 
+def test_a_loader_state_saved_over_other_training_questions_is_refused_naming_the_change():
+    state = make_dm().train_dataloader().state_dict()
+    assert state["questions"] == {
+        "rows": 36,
+        "crc32": zlib.crc32(",".join(map(str, ids(make_dm()))).encode()),
+    }
+    said = (
+        r"ArithmeticTask.* are not those the checkpoint was trained on \(36 then, 19 now\), so its data order"
+    )
+    with pytest.raises(ValueError, match=said):
+        make_dm(val_fraction=0.55).train_dataloader().load_state_dict(state)
+    other = PromptDataModule(synthetic=ArithmeticTask(num_questions=40, seed=1), batch_size=4)
+    other.setup("fit")
+    with pytest.raises(ValueError, match=r"\(36 both times, but other questions or another order\)"):
+        other.train_dataloader().load_state_dict(state)
+    make_dm().train_dataloader().load_state_dict(state)  # the same questions resume
+    del state["questions"]
+    make_dm().train_dataloader().load_state_dict(state)  # a state saved before the record was kept
+
+
+def test_resuming_on_another_training_file_stops_before_training(tmp_path):
+    def fit_file(rows, ckpt_path=None):
+        path = tmp_path / f"train{rows}.jsonl"
+        path.write_text(
+            "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(rows))
+        )
+        dm = PromptDataModule(train_path=str(path), batch_size=4, val_fraction=0.0)
+        model = _Retirer(dm)
+        trainer = L.Trainer(
+            max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        return trainer, model
+
+    trainer, _ = fit_file(36)
+    trainer.save_checkpoint(tmp_path / "step2.ckpt")
+    with pytest.raises(
+        ValueError, match=r"train12\.jsonl' are not those the checkpoint was trained on \(36 then"
+    ):
+        fit_file(12, ckpt_path=tmp_path / "step2.ckpt")
+
+
 def test_sharded_lengths_stay_fixed_and_retired_ids_vanish():
     question_ids = list(range(20))
     excluded = set()
@@ -339,6 +383,23 @@ def test_the_trainer_stops_before_training_with_that_error(tmp_path):
     )  # fmt: skip
     dm = PromptDataModule(synthetic=ArithmeticTask(num_questions=6), batch_size=8, val_fraction=0.0)
     with pytest.raises(ValueError, match="has 6 training rows, fewer than one training batch of batch_size"):
+        trainer.fit(model, datamodule=dm)
+    assert trainer.global_step == 0 and model.seen == {}
+
+
+def test_a_column_named_completions_stops_the_trainer_before_training(tmp_path):
+    rows = [{"prompt": f"{i}+3=", "answer": str(i + 3), "completions": str(i + 3)} for i in range(8)]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    model = _Retirer(None)
+    trainer = L.Trainer(
+        max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    dm = PromptDataModule(train_path=str(path), batch_size=2, val_fraction=0.0)
+    with pytest.raises(
+        ValueError, match=r"train\.jsonl: line 1: column 'completions' has the name of an arg"
+    ):
         trainer.fit(model, datamodule=dm)
     assert trainer.global_step == 0 and model.seen == {}
 

@@ -498,3 +498,83 @@ def test_an_evaluation_file_counts_its_repeated_rows_instead_of_dropping_them(tm
     path.write_text(json.dumps({"prompt": "1+1=", "answer": "2", "num_samples": 4}) + "\n")
     with pytest.raises(ValueError, match=r"eval.jsonl: line 1: column 'num_samples' would be replaced"):
         load_rows(path, count_repeats=True)
+
+
+def test_an_evaluation_file_keeps_a_problem_under_each_of_its_domains(tmp_path):
+    rows = [
+        {"prompt": "1+2=", "answer": "3", "source": "aime"},
+        {"prompt": "1+2=", "answer": "3", "source": "aime"},
+        {"prompt": "1+2=", "answer": "3", "source": "amc"},
+        {"prompt": "5+5=", "answer": "10", "source": "amc"},
+    ]
+    path = write_jsonl(tmp_path / "test.jsonl", rows)
+    with pytest.warns(UserWarning, match=r"1 problem\(s\) appear under several domains: line 1 \('aime'\), "
+                      r"line 3 \('amc'\); each domain keeps its own"):  # fmt: skip
+        loaded = load_rows(path, domain_column="source", count_repeats=True)
+    counts = [(row["prompt"], row["domain"], row["num_samples"]) for row in loaded]
+    assert counts == [("1+2=", "aime", 2), ("1+2=", "amc", 1), ("5+5=", "amc", 1)]
+    with warnings.catch_warnings():  # a training file keeps merging repeats as before, without this warning
+        warnings.simplefilter("ignore")
+        assert len(load_rows(path, domain_column="source")) == 2
+
+
+# Issue 37: columns the reward functions' own arguments would lose to, answers stored as floats, message
+# prompts held as JSON text, and ids that depend on the question, not on the file's schema.
+
+
+@pytest.mark.parametrize(
+    "column", ["completions", "prompts", "completion_ids", "trainer_state", "question_id"]
+)
+def test_a_column_named_like_what_the_trainer_passes_is_an_error_naming_it(tmp_path, column):
+    rows = [{"prompt": "10+3=", "answer": "13"}, {"prompt": "1+1=", "answer": "2", column: "13"}]
+    with pytest.raises(ValueError, match=rf"d\.jsonl: line 2: column '{column}' has the name of .* rename"):
+        load_rows(write_jsonl(tmp_path / "d.jsonl", rows))
+
+
+def test_answers_stored_as_floats_read_as_integers_where_integral_with_a_warning(tmp_path):
+    rows = [{"prompt": "a", "answer": 37.0}, {"prompt": "b", "answer": 0.5}, {"prompt": "c", "answer": "7"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)  # JSON keeps 37.0 a float, and mixes types
+    said = r"'answer' holds 2 answer\(s\) as floats, .*: line 1: 37\.0 -> '37'; line 2: 0\.5 -> '0\.5'; store"
+    with pytest.warns(UserWarning, match=said):
+        loaded = load_rows(path)
+    assert [row["answer"] for row in loaded] == ["37", "0.5", "7"]
+
+
+def test_a_missing_answer_in_a_float_column_is_an_error_naming_the_row(tmp_path):
+    path = tmp_path / "d.parquet"
+    table = pa.table({"prompt": ["a", "b"], "answer": pa.array([37.0, float("nan")], pa.float64())})
+    pq.write_table(table, path)
+    with pytest.raises(ValueError, match=r"d\.parquet: row 2: column 'answer' is nan \(a missing value\?\)"):
+        load_rows(path)
+    path = tmp_path / "d.json"
+    path.write_text('[{"prompt": "a", "answer": NaN}]')  # what json.dumps writes for a float NaN
+    with pytest.raises(ValueError, match=r"d\.json: row 1: column 'answer' is nan"):
+        load_rows(path)
+
+
+def test_messages_held_as_json_text_are_messages(tmp_path):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
+    rows = [
+        {"prompt": json.dumps(messages), "answer": "2"},
+        {"prompt": "[1, 2] + [3]?", "answer": "[1, 2, 3]"},
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    first, second = load_rows(path, drop_system_prompt=True)
+    assert first["prompt"] == messages[1:] and first["id"] == canonical_id(messages[1:])
+    assert second["prompt"] == "[1, 2] + [3]?"  # text that is no list of messages stays text
+    assert find_row(path, "prompt", messages[1:], drop_system_prompt=True) == "line 1"
+    assert load_rows(path)[0]["prompt"] == messages
+
+
+def test_a_key_added_to_one_message_of_a_parquet_file_changes_no_other_question_id(tmp_path):
+    rows = [verl_row("What is 1+1?", "2"), verl_row("What is 2+2?", "4")]
+    before = tmp_path / "before.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), before)
+    rows[1]["prompt"][1]["name"] = "alice"  # parquet gives every other message name=None
+    after = tmp_path / "after.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), after)
+    old, new = load_verl(before), load_verl(after)
+    assert new[0]["id"] == old[0]["id"] == canonical_id(rows[0]["prompt"])
+    assert new[0]["prompt"] == rows[0]["prompt"]  # no None keys reach a chat template
+    assert new[1]["prompt"][1] == {"role": "user", "content": "What is 2+2?", "name": "alice"}
+    assert find_row(after, "prompt", new[0]["prompt"]) == "row 1"

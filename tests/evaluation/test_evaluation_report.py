@@ -38,6 +38,13 @@ def test_a_mixed_set_averaged_by_domain_counts_each_domain_as_a_benchmark():
     assert table["averages"]["all"] == pytest.approx((0.25 + 0.9 + 0.5 + 0.3) / 4)
 
 
+def test_a_set_averaged_by_domain_that_holds_one_domain_keeps_its_average():
+    alone = build_table({"aime24": RESULTS["aime24"]}, by_domain=["aime24"])
+    assert alone["averages"] == {"in-distribution": 0.25, "all": 0.25}
+    beside = build_table({"aime24": RESULTS["aime24"], "gpqa": RESULTS["gpqa"]}, by_domain=["aime24"])
+    assert beside["averages"]["all"] == pytest.approx((0.25 + 0.3) / 2)
+
+
 def test_markdown_and_json_land_next_to_each_other(tmp_path):
     table = build_table(RESULTS, out_of_distribution=["gpqa"])
     markdown = to_markdown(table)

@@ -33,13 +33,15 @@ def test_rows_are_grouped_by_problem_with_lengths_cuts_and_answers():
     )
     clipped = clipped_rows(batch, max_new_tokens=3, stop_ids=[EOS])
     assert clipped.tolist() == [False, True, False, True, False]  # full length and no stop token
-    answer_of = lambda text: text.split("=")[1] if "=" in text else None  # noqa: E731
-    first, second = problem_samples(batch, [3, 2], clipped, [11, 12], answer_of, domains=["x", "y"])
+    answer_of = lambda text, row: text.split("=")[1] + row["unit"] if "=" in text else None  # noqa: E731
+    first, second = problem_samples(
+        batch, [3, 2], clipped, [11, 12], answer_of, domains=["x", "y"], columns={"unit": ["", "!"]}
+    )
     assert first.correct == [True, False, True] and first.lengths == [3, 3, 1]
     assert (
         first.truncated == [False, True, False] and first.answers == ["1", "2", "1"] and first.domain == "x"
     )
     assert (first.question_id, second.question_id) == (11, 12)
-    assert second.correct == [False, False] and second.answers == [None, "3"] and second.domain == "y"
+    assert second.correct == [False, False] and second.answers == [None, "3!"] and second.domain == "y"
     (alone,) = problem_samples(batch, [5], clipped)
     assert alone.answers is None and alone.domain is None and len(alone.correct) == 5

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 from conftest import tiny_module
-from lightning.pytorch import Trainer
+from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger
 from torchmetrics import MeanMetric
 
-from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.data import ArithmeticTask, EvalSet, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
 
 
@@ -96,3 +96,31 @@ def test_pass_at_1_counts_in_float32_under_bf16_true(tiny_model_dir, tmp_path):
     assert module.metric_dtypes == ["torch.float32"]
     outcomes = [c for _, c in module.seen["validation"]]
     assert result["val/pass@1"] == pytest.approx(sum(outcomes) / len(outcomes), abs=1e-7)
+
+
+def test_the_start_validation_measures_named_sets_when_they_are_the_only_ones(tmp_path, tiny_model_dir):
+    """`val_fraction=0` and named sets alone (the paper's layout): the sets are measured at step 0, as
+    `validate` measures them before training, and no NaN pass@1 is logged."""
+    sets = {"ood": EvalSet(synthetic=ArithmeticTask(6, seed=5), num_samples=2)}
+
+    def data():
+        return PromptDataModule(
+            synthetic=ArithmeticTask(40, seed=1), val_fraction=0.0, batch_size=2, eval_sets=sets
+        )
+
+    seed_everything(0)
+    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    (before,) = trainer.validate(tiny_module(tiny_model_dir), datamodule=data(), verbose=False)
+    seed_everything(0)
+    trainer = Trainer(
+        accelerator="cpu", max_steps=1, logger=CSVLogger(tmp_path), enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(tiny_module(tiny_model_dir, validate_at_start=True), datamodule=data())
+    (metrics,) = list(tmp_path.rglob("metrics.csv"))
+    header, *lines = metrics.read_text().splitlines()
+    logged = [dict(zip(header.split(","), line.split(","))) for line in lines]
+    start = next(row for row in logged if row["step"] == "0" and row.get("val/ood/avg@2"))
+    assert float(start["val/ood/avg@2"]) == pytest.approx(before["val/ood/avg@2"])
+    assert float(start["val/average/score"]) == pytest.approx(before["val/average/score"])
+    assert "val/pass@1" not in header.split(",")

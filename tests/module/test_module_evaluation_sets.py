@@ -15,6 +15,7 @@ from lightning.pytorch import Trainer, seed_everything
 from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, EvalSet, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.rewards import RewardBySource
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 
@@ -98,6 +99,39 @@ def test_greedy_pass_at_1_samples_one_more_completion_per_problem(tmp_path, tiny
     _, data, metrics = validate(tmp_path, tiny_model_dir, {"rep": sets["rep"]}, reward, val_greedy=True)
     assert {len(reward.scores[row["prompt"]]) for row in data.eval_rows["rep"]} == {4}
     assert 0.0 <= metrics["val/rep/greedy_pass@1"] <= 1.0
+
+
+def test_a_reward_by_source_gives_maj_at_k_with_each_sources_answers(tmp_path, tiny_model_dir, sets):
+    # configs/eval_paper.yaml's layout: RewardBySource is the first reward function.
+    by_source = RewardBySource({"small": FirstCharacter(), "large": FirstCharacter()})
+    module, _, metrics = validate(tmp_path, tiny_model_dir, {"rep": sets["rep"]}, by_source)
+    assert 0.0 <= metrics["val/rep/maj@3"] <= 1.0 and 0.0 <= metrics["val/rep/large/maj@3"] <= 1.0
+    assert "maj@3" in module.last_evaluation_table["rows"]["rep/small"]
+
+
+def test_a_problem_under_two_domains_is_sampled_and_reported_in_each(tmp_path, tiny_model_dir):
+    problems = [("1+2=", "small")] * 2 + [("1+2=", "large"), ("10+20=", "large")]
+    rows = [{"prompt": p, "answer": str(eval(p[:-1])), "source": d} for p, d in problems]
+    shared = EvalSet(path=write_rows(tmp_path / "shared.jsonl", rows), domain_column="source")
+    reward = FirstCharacter()
+    with pytest.warns(UserWarning, match="appear under several domains"):
+        _, _, metrics = validate(tmp_path, tiny_model_dir, {"s": shared}, reward)
+    assert len(reward.scores["1+2="]) == 2 + 1  # its two rows in one domain, its one row in the other
+    assert metrics["val/s/small/problems"] == 1 and metrics["val/s/small/samples"] == 2
+    assert metrics["val/s/large/problems"] == 2 and metrics["val/s/large/samples"] == 2
+
+
+def test_a_set_of_one_domain_averaged_by_domain_keeps_its_average(tmp_path, tiny_model_dir, sets):
+    rows = [
+        {"prompt": "1+2=", "answer": "3", "source": "aime"},
+        {"prompt": "4+4=", "answer": "8", "source": "aime"},
+    ]
+    one = EvalSet(
+        path=write_rows(tmp_path / "one.jsonl", rows), domain_column="source", average_by_domain=True
+    )
+    _, _, metrics = validate(tmp_path, tiny_model_dir, {"one": one}, FirstCharacter())
+    assert metrics["val/average/score"] == metrics["val/one/avg@1"]
+    assert metrics["val/average_id/score"] == metrics["val/one/avg@1"]
 
 
 def test_the_plain_validation_set_keeps_its_pass_at_1_next_to_named_sets(tmp_path, tiny_model_dir, sets):

@@ -393,3 +393,11 @@ def test_a_worker_stuck_in_c_dies_with_a_killed_trainer(tmp_path):
 def test_bad_timeout_rejected(bad):
     with pytest.raises(ValueError, match="timeout_seconds must be a positive number or None"):
         compute_rewards([always_one], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=bad)
+
+
+def test_a_column_named_like_an_argument_from_the_trainer_is_an_error():
+    def count(prompts, completions, **columns):
+        return [float(c == "13") for c in completions]
+
+    with pytest.raises(ValueError, match="column 'completions' has the name of an argument reward functions"):
+        compute_rewards([count], None, ["10+3="], ["4"], {"completions": ["13"]})

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from exgrpo_pl.rewards import base, compute_rewards
-from exgrpo_pl.rewards.by_source import RewardBySource
+from exgrpo_pl.rewards.by_source import RewardBySource, extract_answer
 from exgrpo_pl.rewards.multiple_choice import MultipleChoiceReward
 
 # Run in the worker process, these are pickled by reference: module-level, importable by this module's name.
@@ -160,3 +160,51 @@ def test_a_router_with_a_limited_function_runs_in_the_worker_process():
     worker = base._worker.process.pid
     assert worker != os.getpid()
     assert total.tolist() == [worker, 1.0, worker, worker, 0.0]
+
+
+def test_an_integer_source_key_routes_integer_and_text_sources():
+    # A YAML key `7:` is the int 7; the data module reads a data_source of 7 as "7".
+    seven, other = Recorder("seven", (1.0,)), Recorder("other", (0.0,))
+    router = RewardBySource({7: seven}, default=other)
+    assert router(["p0", "p1", "p2"], ["c0", "c1", "c2"], domain=["7", 7, "8"]) == [1.0, 1.0, 0.0]
+    assert seven.calls[0]["domain"] == ["7", 7]
+
+
+def test_two_keys_that_are_one_source_are_an_error():
+    with pytest.raises(ValueError, match="sources 7 and '7' are the same source"):
+        RewardBySource({"7": half, 7: half})
+
+
+class Reads:
+    """Extracts what follows `prefix` in a completion."""
+
+    in_process = True
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+
+    def __call__(self, prompts, completions, **columns):
+        return [1.0] * len(completions)
+
+    def extract_answer(self, completion):
+        return completion.split(self.prefix)[1] if self.prefix in completion else None
+
+
+def test_answers_are_read_by_the_function_of_each_rows_source():
+    router = RewardBySource({"gpqa": MultipleChoiceReward(), "math": Reads("= "), "none": None}, default=half)
+    assert router.extract_answer("so \\boxed{c}", domain="gpqa") == "C"
+    assert router.extract_answer("x = 42", domain="math", answer="42") == "42"
+    assert router.extract_answer("x = 42", domain="none") is None  # not scored
+    assert router.extract_answer("x = 42", domain="other") is None  # the default extracts nothing
+    # The same helper the evaluation uses: the row's columns reach an extract_answer that takes them.
+    assert extract_answer(router, "\\boxed{B}", {"domain": "gpqa"}) == "B"
+    assert extract_answer(Reads(": "), "a: b", {"domain": "x"}) == "b"
+    assert extract_answer(half, "a: b", {}) is None
+
+
+def test_reading_an_answer_needs_the_routing_column_and_a_function():
+    router = RewardBySource({"math": Reads("= ")})
+    with pytest.raises(ValueError, match="by the 'domain' column, which the row lacks"):
+        router.extract_answer("x = 1", answer="1")
+    with pytest.raises(ValueError, match="no reward function for source 'gpqa'"):
+        router.extract_answer("x = 1", domain="gpqa")

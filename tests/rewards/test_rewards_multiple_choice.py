@@ -49,6 +49,12 @@ def test_the_paper_rule_reads_the_label_of_the_last_box(completion, chosen):
         ("the answer is AB", None),  # not a token of its own
         ("Answer: 42", None),
         ("I do not know", None),
+        ("Answer: I think it is B", None),  # the pronoun I is no option label
+        ("Answer: A number of them fit, so B.", None),  # nor the article A
+        ("Answer: (B) I think", "B"),  # a bracketed label is one whatever follows
+        ("The answer is C.\nThat is all.", "C"),  # its sentence ends after it
+        ("Answer: D\n", "D"),
+        ("Answer: 3.5", None),  # a decimal, not option 3
     ],
 )
 def test_the_fallback_reads_the_last_answer_phrase(completion, chosen):
