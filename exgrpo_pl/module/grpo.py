@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Callable
 from copy import deepcopy
+from types import SimpleNamespace
 
 import torch
 from lightning.pytorch import LightningModule
@@ -190,12 +191,15 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         # The last training step's seconds per phase ("timing/*") and per-function reward means, as floats:
         # logged on logging steps, readable on every step.
         self.last_step_metrics: dict[str, float] = {}
+        self._total_steps: int | None = None  # the run's optimizer steps, once configure_optimizers knows
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
-        """Before any training or evaluation: reject a conflicting strategy config, and prompts the tokenizer
-        cannot encode or that are longer than allowed."""
+        """Before any training or evaluation, before the model is loaded: reject a conflicting strategy
+        config, a reward function that cannot run where it will run, and prompts the tokenizer cannot encode
+        or that are longer than allowed."""
         check_strategy(self.trainer, self, self.trainer.datamodule)
+        self.collector.check_rewards()
         data = self.trainer.datamodule  # set up before the module (Lightning's order)
         if not isinstance(data, PromptDataModule):
             return
@@ -235,6 +239,7 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         # Not trainer.estimated_stepping_batches: it would set the training loader up before a resumed run's
         # checkpoint is restored, and the loader's saved position would never be loaded.
         total = max(int(estimated_stepping_batches(self.trainer)) * hp.num_iterations, 1)
+        self._total_steps = total
         scheduler = get_scheduler(hp.lr_scheduler_type, optimizer, hp.warmup_steps, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -269,7 +274,27 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         return self.collector.collect(
             self.engine, self._sampling(temperature), plan.prompts, plan.question_ids, plan.repeats,
             plan.columns, policy_version=self.global_step, device=self.device,
+            trainer_state=self._trainer_state(),
         )  # fmt: skip
+
+    def _trainer_state(self) -> SimpleNamespace:
+        """The run's progress as reward functions receive it (`trainer_state`), under the names of TRL's
+        `TrainerState`: `global_step` (optimizer steps taken), `epoch` (a float: epochs done, plus the part
+        of this one), `max_steps` (the run's optimizer steps), `num_train_epochs`, `is_world_process_zero`
+        and `is_local_process_zero`. A plain namespace, so that the worker process reads it without
+        importing anything."""
+        trainer = self.trainer
+        batches = trainer.num_training_batches
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1  # this batch is counted ready
+        part = max(done, 0) / batches if trainer.training and 0 < batches < math.inf else 0.0
+        return SimpleNamespace(
+            global_step=self.global_step,
+            epoch=self.current_epoch + part,
+            max_steps=self._total_steps if self._total_steps is not None else trainer.max_steps,
+            num_train_epochs=trainer.max_epochs,
+            is_world_process_zero=trainer.is_global_zero,
+            is_local_process_zero=trainer.local_rank == 0,
+        )
 
     def _sampling(self, temperature: float) -> SamplingConfig:
         hp = self.hparams

@@ -10,6 +10,7 @@ from exgrpo_pl.rewards.base import (
     RewardFunction,
     RewardNotSendableError,
     RewardTimeoutError,
+    check_rewards,
     completion_text,
     compute_rewards,
     reward_name,
@@ -19,9 +20,11 @@ from exgrpo_pl.rewards.exact_match import ExactMatchReward
 from exgrpo_pl.rewards.format import FormatReward
 from exgrpo_pl.rewards.math_verify import MathVerifyReward, extract_boxed
 from exgrpo_pl.rewards.multiple_choice import MultipleChoiceReward, option_label
+from exgrpo_pl.rewards.protocol import REWARD_KEYWORDS, RewardLog
 from exgrpo_pl.rewards.reasoning import ReasoningReward
 
 __all__ = [
+    "REWARD_KEYWORDS",
     "AnswerReward",
     "ArithmeticReward",
     "ExactMatchReward",
@@ -31,8 +34,10 @@ __all__ = [
     "ReasoningReward",
     "RewardBySource",
     "RewardFunction",
+    "RewardLog",
     "RewardNotSendableError",
     "RewardTimeoutError",
+    "check_rewards",
     "completion_text",
     "compute_rewards",
     "extract_boxed",

@@ -134,7 +134,8 @@ def test_columns_arrive_as_keywords():
         return [0.0] * len(prompts)
 
     compute_rewards([spy], None, PROMPTS, COMPLETIONS, COLUMNS)
-    assert seen == COLUMNS
+    assert set(seen) == {*COLUMNS, "log_extra", "log_metric"}  # ids and state only when given
+    assert {key: seen[key] for key in COLUMNS} == COLUMNS
 
 
 def test_reward_name():
@@ -341,10 +342,22 @@ def test_a_limited_call_raises_its_errors_with_the_workers_traceback():
         compute_rewards([nan_scores], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
 
 
+def test_a_local_function_runs_in_the_worker_by_value():
+    here = os.getpid()
+    local = lambda prompts, completions, **columns: [float(os.getpid() != here)] * 3  # noqa: E731
+    total, _ = compute_rewards([local], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+    assert total.tolist() == [1.0, 1.0, 1.0]  # it ran in another process
+
+
 def test_a_reward_that_cannot_reach_the_worker_is_a_clear_error(monkeypatch):
-    local = lambda prompts, completions, **columns: [1.0] * 3  # noqa: E731
-    with pytest.raises(RewardNotSendableError, match=r"'<lambda>' cannot run in a worker.*in_process"):
-        compute_rewards([local], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+    lock = threading.Lock()
+
+    def locked(prompts, completions, **columns):
+        with lock:
+            return [1.0] * len(completions)
+
+    with pytest.raises(RewardNotSendableError, match=r"'locked' cannot run in a worker.*lock.*in_process"):
+        compute_rewards([locked], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
     # Picklable here, but its module exists only in this process (as a script's `__main__` would).
     ghost = types.ModuleType("ghost_module")
     exec("def ghostly(prompts, completions, **columns):\n    return [1.0] * len(completions)", ghost.__dict__)
