@@ -237,7 +237,10 @@ class RolloutCollector:
             the numerics of the importance weights that later divide by them) and step metrics:
             `timing/generation`, `timing/reward`, `train/rewards/{name}/mean`, `generated_tokens`, and
             `train/{name}` for each metric the reward functions logged with `log_metric` (its mean over
-            the call, as TRL averages them per step).
+            the call, as TRL averages them per step). The rollouts carry what they logged with
+            `log_extra` (`RolloutBatch.extra`, shown in `DifficultyMonitor`'s completions table): one value
+            per row, the last function's where several logged a column; a column of another length is
+            left out with a warning naming it.
         """
 
         columns = columns or {}
@@ -282,6 +285,16 @@ class RolloutCollector:
         for name, values in per_function.items():
             metrics[f"train/rewards/{name}/mean"] = float(values.nanmean())
         metrics.update({f"train/{name}": value for name, value in log.means().items()})
+        extra = {}
+        for column, values in log.extra.items():
+            n = len(completions)
+            if n and values and len(values) % n == 0:
+                extra[column] = values[-n:]  # several functions logged it (TRL's accuracy rewards): the last
+            else:
+                rank_zero_warn(
+                    f"the reward functions logged {len(values)} values of log_extra column {column!r} for {n}"
+                    " completions, not one per completion: the completions table leaves it out"
+                )
 
         n = prompt_ids.shape[0]
         rewards = rewards.to(device, torch.float32)
@@ -306,4 +319,5 @@ class RolloutCollector:
             answers=[str(a) for a in row_columns.get("answer", [""] * n)],
             domains=row_columns.get("domain"),
             columns=row_columns,
+            extra=extra or None,
         ), metrics

@@ -278,7 +278,7 @@ def test_reward_functions_get_trls_whole_protocol_and_their_metrics_are_averaged
     collector = RolloutCollector(TOKENIZER, [recorder, logging_reward], max_prompt_length=8)
     engine = ScriptedEngine(["3", "4", "15", "15"])
     state = types.SimpleNamespace(global_step=5, epoch=0.5, max_steps=10)
-    _, metrics = collect_twice_each(collector, engine, trainer_state=state)
+    out, metrics = collect_twice_each(collector, engine, trainer_state=state)
     ((_, _, kwargs),) = recorder.calls
     eos = TOKENIZER.eos_token_id
     expected_ids = [TOKENIZER(text)["input_ids"] + [eos] for text in ["3", "4", "15", "15"]]
@@ -288,3 +288,20 @@ def test_reward_functions_get_trls_whole_protocol_and_their_metrics_are_averaged
     assert set(kwargs) - {"answer"} < set(REWARD_KEYWORDS)
     assert metrics["train/completion_tokens"] == (2 + 2 + 3 + 3) / 4  # the mean of the call's values
     assert metrics["train/step_seen"] == 5.0
+    assert out.extra == {"token_count": [2, 2, 3, 3]}  # each row's, for the completions table
+
+
+def test_a_log_extra_column_holds_one_value_per_row_or_is_left_out_with_a_warning():
+    def first(prompts, completions, log_extra, **columns):
+        log_extra("solution", ["first"] * len(completions))
+        log_extra("short", ["x"])
+        return [0.0] * len(completions)
+
+    def second(prompts, completions, log_extra, **columns):
+        log_extra("solution", ["second"] * len(completions))  # as TRL's two accuracy rewards both do
+        return [0.0] * len(completions)
+
+    collector = RolloutCollector(TOKENIZER, [first, second], max_prompt_length=8)
+    with pytest.warns(UserWarning, match="logged 1 values of log_extra column 'short' for 4 completions"):
+        out, _ = collect_twice_each(collector, ScriptedEngine(["3", "4", "15", "15"]))
+    assert out.extra == {"solution": ["second"] * 4}
