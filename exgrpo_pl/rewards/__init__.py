@@ -8,8 +8,6 @@ from exgrpo_pl.rewards.arithmetic import ArithmeticReward
 from exgrpo_pl.rewards.base import (
     AnswerReward,
     RewardFunction,
-    RewardNotSendableError,
-    RewardTimeoutError,
     check_rewards,
     completion_text,
     compute_rewards,
@@ -18,6 +16,7 @@ from exgrpo_pl.rewards.base import (
 from exgrpo_pl.rewards.by_source import RewardBySource
 from exgrpo_pl.rewards.exact_match import ExactMatchReward
 from exgrpo_pl.rewards.format import FormatReward
+from exgrpo_pl.rewards.limit import RewardNotSendableError, RewardTimeoutError
 from exgrpo_pl.rewards.math_verify import MathVerifyReward, extract_boxed
 from exgrpo_pl.rewards.multiple_choice import MultipleChoiceReward, option_label
 from exgrpo_pl.rewards.protocol import REWARD_KEYWORDS, RewardLog

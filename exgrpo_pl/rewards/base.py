@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import math
 import numbers
-import threading
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from exgrpo_pl.rewards import protocol
+from exgrpo_pl.rewards import limit
 from exgrpo_pl.rewards.protocol import REWARD_KEYWORDS, RewardLog, is_async
-from exgrpo_pl.rewards.worker import STARTUP_SECONDS, NotSendable, WorkerProcess, remote_error
 
 Messages = list[dict[str, str]]
 """Chat messages, TRL's conversational format: `[{"role": "user", "content": "What is 1+1?"}, ...]`."""
@@ -123,150 +120,6 @@ def reward_name(fn: Callable[..., Any]) -> str:
     if isinstance(name, str) and name:
         return name
     return getattr(fn, "__name__", None) or type(fn).__name__
-
-
-class RewardTimeoutError(TimeoutError):
-    """A reward function ran past `compute_rewards`'s `timeout_seconds`.
-
-    Attributes:
-        name: the function's logged name (see `reward_name`).
-        num_completions: how many completions the call was scoring.
-        timeout_seconds: the limit it ran past.
-    """
-
-    def __init__(self, name: str, num_completions: int, timeout_seconds: float) -> None:
-        super().__init__(
-            f"reward function {name!r} did not return within {timeout_seconds:g} s scoring {num_completions} "
-            "completions; raise the limit (`timeout_seconds`, ExGRPOModule's `reward_timeout_seconds`; None "
-            "for no limit) or make the function faster. Its worker process was killed"
-        )
-        self.name = name
-        self.num_completions = num_completions
-        self.timeout_seconds = timeout_seconds
-
-    def __reduce__(self):
-        # Rebuilt from its fields, not its message, so it survives pickling (e.g. from a spawned DDP worker).
-        return type(self), (self.name, self.num_completions, self.timeout_seconds)
-
-
-class RewardNotSendableError(TypeError):
-    """A reward function that has to run in a worker process (see `RewardFunction`) cannot get there."""
-
-
-# The worker process that runs reward functions under a limit: one per process, started on first use and
-# kept, since its start is paid again for every module its calls import (torch: seconds).
-_worker: WorkerProcess | None = None
-_worker_lock = threading.Lock()
-# The file of the calls (`protocol.call`, `protocol.gather`) the worker process makes, loaded there by path.
-_PROTOCOL = str(Path(protocol.__file__))
-# How long past the limit the worker's answer may take when its async functions stopped themselves at the
-# limit (each is cancelled there, so it can be named); past this the worker is killed.
-_ASYNC_REPLY_SECONDS = 5.0
-
-
-def runs_in_worker(fn: Callable[..., Any], timeout_seconds: float | None) -> bool:
-    """Whether `compute_rewards` calls `fn` in the worker process: under a limit, unless `in_process`."""
-    return timeout_seconds is not None and not getattr(fn, "in_process", False)
-
-
-def _in_worker(
-    function: Any, args: tuple, timeout: float, names: list[str], n: int, grace: float = 0.0
-) -> Any:
-    """`function(*args)` in the worker process (started if need be), waited for at most `timeout` (plus
-    `grace`) seconds; `names` are the reward functions it calls, `n` the completions they score (for the
-    messages).
-
-    Raises:
-        RewardNotSendableError: the call cannot be pickled here, or unpickled there.
-        RewardTimeoutError: the call ran past `timeout` (the worker was killed); names every function.
-        RuntimeError: the worker process died during the call.
-        Whatever the call raised, with the worker's traceback as its cause.
-    """
-    global _worker
-    name = " / ".join(names)
-    with _worker_lock:
-        if _worker is None or not _worker.usable:
-            _worker = WorkerProcess()
-        try:
-            reply = _worker.call(function, args, None, timeout + grace)
-        except NotSendable as err:
-            raise RewardNotSendableError(_not_sendable(name, str(err))) from err
-    if reply.status == "ok":
-        return reply.value
-    if reply.status == "raised":
-        raise reply.value
-    if reply.status == "unloadable":
-        raise RewardNotSendableError(_not_sendable(name, reply.value.strip().splitlines()[-1]))
-    if reply.status == "timed out":
-        raise RewardTimeoutError(name, n, timeout)
-    raise RuntimeError(
-        f"reward function {name!r}'s worker process died (exit code {reply.value}) scoring {n} completions"
-    )
-
-
-def _call(
-    fn: Callable[..., Any], name: str, timeout_seconds: float | None, kwargs: dict[str, Any], log: RewardLog
-) -> Any:
-    """`fn(**kwargs)`, its logging calls going to `log`: directly without a limit or for an `in_process`
-    function, else in the worker process (see `_in_worker` for the errors)."""
-    if not runs_in_worker(fn, timeout_seconds):
-        return protocol.call(fn, kwargs, log)[0]
-    n = len(kwargs["completions"])
-    scores, metrics, extra = _in_worker((_PROTOCOL, "call"), (fn, kwargs), timeout_seconds, [name], n)
-    log.merge(metrics, extra)
-    return scores
-
-
-def _gather(
-    named: list[tuple[str, Callable[..., Any]]],
-    timeout_seconds: float | None,
-    kwargs: dict[str, Any],
-    log: RewardLog,
-) -> dict[str, Any]:
-    """The async functions' scores by name: awaited concurrently, those that run in the worker process there
-    under the limit, the others here (see `protocol.gather`).
-
-    Raises:
-        RewardTimeoutError: naming the first function past the limit (every limited one when the worker had
-            to be killed).
-        Whatever a function raised (the first in order), and see `_in_worker`.
-    """
-    global _worker
-    scores: dict[str, Any] = {}
-    here = [(name, fn) for name, fn in named if not runs_in_worker(fn, timeout_seconds)]
-    there = [(name, fn) for name, fn in named if runs_in_worker(fn, timeout_seconds)]
-    for group, limit in ((here, None), (there, timeout_seconds)):
-        if not group:
-            continue
-        if limit is None:
-            outcomes, _, _ = protocol.gather(group, kwargs, None, log)
-        else:
-            names, n = [name for name, _ in group], len(kwargs["completions"])
-            outcomes, metrics, extra = _in_worker(
-                (_PROTOCOL, "gather"), (group, kwargs, limit), limit, names, n, _ASYNC_REPLY_SECONDS
-            )
-            log.merge(metrics, extra)
-        for (name, _), (status, value) in zip(group, outcomes):
-            if status == "timed out":
-                with _worker_lock:
-                    _worker.stop()  # the cancelled call may hold what it had opened: start afresh
-                raise RewardTimeoutError(name, len(kwargs["completions"]), limit)
-            if status == "raised":
-                raise remote_error(*value)
-            scores[name] = value
-    return scores
-
-
-def _not_sendable(name: str, reason: str) -> str:
-    return (
-        f"reward function {name!r} cannot run in a worker process, which is how the time limit holds whatever"
-        f" it does ({reason}). It is sent there with cloudpickle: by reference when its module can be"
-        " imported there (that module must be importable from the trainer's sys.path), by value otherwise (a"
-        " script's or a function's own), with what it holds; what cannot be pickled (a lock, an open file or"
-        " connection, a model on the GPU) cannot go. Create such things inside the function; or give it"
-        " `in_process = True` if it must run in the trainer's process (it then runs without the limit); or"
-        " set ExGRPOModule's `reward_timeout_seconds` to None"
-    )
 
 
 def _describe(value: Any) -> str:
@@ -431,8 +284,10 @@ def compute_rewards(
     if trainer_state is not None:
         kwargs["trainer_state"] = trainer_state
     log = RewardLog() if log is None else log
-    results = {name: _call(fn, name, timeout_seconds, kwargs, log) for name, fn in named if not is_async(fn)}
-    results.update(_gather([(n_, fn) for n_, fn in named if is_async(fn)], timeout_seconds, kwargs, log))
+    awaited = [(name, fn) for name, fn in named if is_async(fn)]
+    called = [(name, fn) for name, fn in named if not is_async(fn)]
+    results = {name: limit.call(fn, name, timeout_seconds, kwargs, log) for name, fn in called}
+    results.update(limit.gather(awaited, timeout_seconds, kwargs, log))
     per_function = {name: _scores(results[name], name, completions) for name, _ in named}
 
     stacked = torch.stack(list(per_function.values()), dim=1)  # [N, F]
@@ -450,7 +305,7 @@ def compute_rewards(
 def check_rewards(funcs: Sequence[Callable[..., Any]], timeout_seconds: float | None) -> None:
     """Checks, before any scoring, that each reward function can run where `compute_rewards` will run it.
 
-    A function that runs in the worker process (see `runs_in_worker`) is sent there and loaded, which
+    A function that runs in the worker process (see `limit.runs_in_worker`) is sent there and loaded, which
     imports its module there (and starts the worker, kept for the run's calls); one that cannot get there
     (unpicklable, or its module cannot be imported there) is an error now rather than at the first step.
 
@@ -466,5 +321,5 @@ def check_rewards(funcs: Sequence[Callable[..., Any]], timeout_seconds: float | 
         name = reward_name(fn) if callable(fn) else repr(fn)
         if not callable(fn):
             raise TypeError(f"reward function {name} is not callable")
-        if runs_in_worker(fn, timeout_seconds):
-            _in_worker((_PROTOCOL, "loadable"), (fn,), STARTUP_SECONDS, [name], 0)
+        if limit.runs_in_worker(fn, timeout_seconds):
+            limit.check_loadable(fn, name)

@@ -40,9 +40,9 @@ from exgrpo_pl.rewards import (
     RewardLog,
     RewardNotSendableError,
     RewardTimeoutError,
-    base,
     check_rewards,
     compute_rewards,
+    limit,
 )
 from exgrpo_pl.rewards.base import reward_name
 from exgrpo_pl.rewards.worker import Terminated
@@ -270,7 +270,7 @@ def test_class_reward_is_named_by_its_name_attribute():
 
 
 def worker_pid():
-    return base._worker.process.pid
+    return limit._worker.process.pid
 
 
 def test_a_limited_call_runs_in_the_worker_and_returns_its_scores():
@@ -381,7 +381,7 @@ def test_a_reward_that_cannot_reach_the_worker_is_a_clear_error(monkeypatch):
 
 
 def test_in_process_functions_are_called_here_without_a_worker(monkeypatch):
-    monkeypatch.setattr(base, "_worker", None)
+    monkeypatch.setattr(limit, "_worker", None)
     seen = []
 
     def spy(prompts, completions, **kwargs):
@@ -391,7 +391,7 @@ def test_in_process_functions_are_called_here_without_a_worker(monkeypatch):
     spy.in_process = True
     shipped = [ArithmeticReward(), ExactMatchReward(), ReasoningReward()]
     compute_rewards([spy, *shipped], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
-    assert seen == [True] and base._worker is None
+    assert seen == [True] and limit._worker is None
 
 
 @pytest.mark.slow
@@ -399,10 +399,10 @@ def test_a_worker_stuck_in_c_dies_with_a_killed_trainer(tmp_path):
     script = (
         "import os, sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from exgrpo_pl.rewards import base, compute_rewards\n"
+        "from exgrpo_pl.rewards import compute_rewards, limit\n"
         "from worker_rewards import backtracking, ones\n"
         "compute_rewards([ones], None, ['p'], ['c'], {}, timeout_seconds=600)\n"
-        "print(base._worker.process.pid, flush=True)\n"
+        "print(limit._worker.process.pid, flush=True)\n"
         "compute_rewards([backtracking], None, ['p'], ['c'], {}, timeout_seconds=600)\n"
     )
     trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
