@@ -52,11 +52,14 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
 
     Args:
         model_name_or_path: local directory or hub id of a causal LM, or `embedded:tiny-arith`.
-        reward_funcs: reward functions, TRL's protocol `fn(prompts, completions, **columns) -> list[float]`.
-            Defaults to the synthetic task's exact verifier.
+        reward_funcs: reward functions, TRL's protocol `fn(prompts, completions, **kwargs) -> list[float]`
+            (`completion_ids`, `trainer_state`, `log_metric`, `log_extra` and the dataset columns among the
+            keyword arguments, `async def` allowed; see `exgrpo_pl.rewards.protocol`). Defaults to the
+            synthetic task's exact verifier.
         reward_weights: one weight per reward function (default 1.0 each).
         reward_timeout_seconds: seconds one reward function may take per batch before the run stops with
-            an error naming it (`exgrpo_pl.rewards.RewardTimeoutError`); None: no limit.
+            an error naming it (`exgrpo_pl.rewards.RewardTimeoutError`); None: no limit. Under a limit the
+            functions run in a worker process, and `setup` checks that each can get there.
         num_generations: K, rollouts per prompt (>= 2: a group of one has no advantage).
         max_prompt_length: longest prompt in tokens; longer prompts are an error (found before training)
             unless `truncate_prompts`.

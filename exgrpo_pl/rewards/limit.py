@@ -124,7 +124,6 @@ def gather(
             to be killed).
         Whatever a function raised (the first in order), and see `in_worker`.
     """
-    global _worker
     scores: dict[str, Any] = {}
     here = [(name, fn) for name, fn in named if not runs_in_worker(fn, timeout_seconds)]
     there = [(name, fn) for name, fn in named if runs_in_worker(fn, timeout_seconds)]
