@@ -225,12 +225,19 @@ class DifficultyMonitor(Callback):
         rows = np.sort(self._rng.choice(n, size=min(self.completion_samples, n), replace=False))
         rewards = rollouts.rewards.detach().float().cpu().tolist()
         replayed = rollouts.replayed.detach().cpu().tolist()
-        lines = ["| prompt | completion | reward | replayed |", "|---|---|---|---|"]
+        # What the reward functions logged with `log_extra`, as TRL adds it to its completions table.
+        extra = rollouts.extra or {}
+        names = "".join(f" {_cell(name)} |" for name in extra)
+        lines = [
+            f"| prompt | completion | reward | replayed |{names}",
+            "|---|---|---|---|" + "---|" * len(extra),
+        ]
         for r in rows.tolist():
             prompt = rollouts.prompts[r] if rollouts.prompts else ""
             completion = rollouts.completions[r] if rollouts.completions else ""
+            cells = "".join(f" {_cell(values[r])} |" for values in extra.values())
             lines.append(
-                f"| {_cell(prompt)} | {_cell(completion)} | {rewards[r]:.3f} | {bool(replayed[r])} |"
+                f"| {_cell(prompt)} | {_cell(completion)} | {rewards[r]:.3f} | {bool(replayed[r])} |{cells}"
             )
         table = "\n".join(lines)
         for writer in writers:

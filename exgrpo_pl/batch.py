@@ -37,6 +37,8 @@ _TENSOR_FIELDS = (
     "replayed",
 )
 _LIST_FIELDS = ("prompts", "completions", "answers", "domains")
+# Fields of named per-row lists (name -> `N` values), or None.
+_DICT_FIELDS = ("columns", "extra")
 # Fields whose dtype must be bool: `~mask` on an integer tensor is a bitwise not (-1, -2), not a negation, and
 # indexing with an integer "mask" gathers rows instead of selecting them.
 _BOOL_FIELDS = {
@@ -75,6 +77,9 @@ class RolloutBatch:
             functions received them (TRL's keyword arguments: `answer`, `solution`, verl's `extra_info`, ...,
             `domain` included). The buffer keeps them once per question, and a replayed question's fresh
             rollouts are scored with them. None: the batch carries none (only `answers` and `domains`).
+        extra: optional values the reward functions logged for each row with `log_extra` (TRL's extra
+            columns of its completions table), column name -> `N` values; None where a row has none (a
+            stored row: the buffer does not keep them). None: the batch carries none.
     """
 
     question_ids: Tensor
@@ -95,6 +100,7 @@ class RolloutBatch:
     answers: list[str] = field(default_factory=list)
     domains: list[str] | None = None
     columns: dict[str, list[Any]] | None = None
+    extra: dict[str, list[Any]] | None = None
 
     def __post_init__(self) -> None:
         for name, example in _BOOL_FIELDS.items():
@@ -110,9 +116,10 @@ class RolloutBatch:
             value = getattr(self, name)
             if value is not None and len(value) not in (0, n):
                 raise ValueError(f"RolloutBatch.{name} has {len(value)} entries, question_ids has {n}")
-        for key, values in (self.columns or {}).items():
-            if len(values) != n:
-                raise ValueError(f"RolloutBatch.columns[{key!r}] has {len(values)} values for {n} rows")
+        for name in _DICT_FIELDS:
+            for key, values in (getattr(self, name) or {}).items():
+                if len(values) != n:
+                    raise ValueError(f"RolloutBatch.{name}[{key!r}] has {len(values)} values for {n} rows")
         if self.group_size < 1 or n % self.group_size:
             raise ValueError(f"RolloutBatch of {n} rows cannot be split into groups of {self.group_size}")
 
@@ -138,8 +145,9 @@ class RolloutBatch:
         for name in _LIST_FIELDS:
             value = getattr(self, name)
             values[name] = None if value is None else ([value[i] for i in rows] if value else [])
-        if self.columns is not None:
-            values["columns"] = {key: [column[i] for i in rows] for key, column in self.columns.items()}
+        for name in _DICT_FIELDS:
+            if getattr(self, name) is not None:
+                values[name] = {key: [column[i] for i in rows] for key, column in getattr(self, name).items()}
         return replace(self, group_size=group_size, **values)
 
     def question_columns(self, rows: Iterable[int]) -> dict[int, dict[str, Any]]:
@@ -203,18 +211,21 @@ class RolloutBatch:
                 values[name] = [item for part in parts for item in part]
             else:  # a batch without texts next to one with them: "" per row keeps one entry per row
                 values[name] = [item for b, part in zip(batches, parts) for item in (part or [""] * len(b))]
-        values["columns"] = _cat_columns(batches)
+        for name in _DICT_FIELDS:
+            values[name] = _cat_columns(batches, name)
         return RolloutBatch(group_size=group_size, **values)
 
 
-def _cat_columns(batches: Sequence[RolloutBatch]) -> dict[str, list[Any]] | None:
-    """The batches' columns concatenated: the union of their keys, None where a batch lacks a key (as a
-    dataset holds None where a row lacks a column); None when no batch carries columns."""
-    if all(b.columns is None for b in batches):
+def _cat_columns(batches: Sequence[RolloutBatch], name: str = "columns") -> dict[str, list[Any]] | None:
+    """The batches' columns (or another of `_DICT_FIELDS`) concatenated: the union of their keys, None where
+    a batch lacks a key (as a dataset holds None where a row lacks a column); None when no batch has any."""
+    dicts = [getattr(b, name) for b in batches]
+    if all(d is None for d in dicts):
         return None
-    keys = dict.fromkeys(key for b in batches for key in (b.columns or {}))
+    keys = dict.fromkeys(key for d in dicts for key in (d or {}))
     return {
-        key: [value for b in batches for value in (b.columns or {}).get(key, [None] * len(b))] for key in keys
+        key: [value for b, d in zip(batches, dicts) for value in (d or {}).get(key, [None] * len(b))]
+        for key in keys
     }
 
 

@@ -108,6 +108,16 @@ def test_columns_follow_their_rows_through_cat_and_select():
         rollout_batch(2, columns={"answer": ["x"]})
 
 
+def test_logged_extra_follows_its_rows_through_cat_and_select_apart_from_the_columns():
+    fresh = rollout_batch(2, columns={"answer": ["1", "2"]}, extra={"judge": ["ok", "no"]})
+    stored = rollout_batch(1, columns={"answer": ["3"]})  # a stored row: no extra
+    out = RolloutBatch.cat([stored, fresh]).select([2, 0])
+    assert out.extra == {"judge": ["no", None]} and out.columns == {"answer": ["2", "3"]}
+    assert RolloutBatch.cat([stored, stored]).extra is None
+    with pytest.raises(ValueError, match=r"RolloutBatch.extra\['judge'\] has 1 values for 2 rows"):
+        rollout_batch(2, extra={"judge": ["x"]})
+
+
 def test_stored_column_value_copies_all_the_way_down():
     weight = torch.nn.Parameter(torch.ones(2))
     value = {"a": [1, 2.5, "s", None, True], "t": (weight, {3: -1})}

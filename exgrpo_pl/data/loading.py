@@ -55,14 +55,14 @@ from exgrpo_pl.data.fields import (
     without_system,
 )
 from exgrpo_pl.data.files import read_raw_rows
-from exgrpo_pl.rewards.base import REWARD_ARGUMENTS
 from exgrpo_pl.rewards.math_verify import extract_boxed
+from exgrpo_pl.rewards.protocol import REWARD_KEYWORDS
 
 _INT64 = (-(2**63), 2**63 - 1)
 
-RESERVED_COLUMNS = (*REWARD_ARGUMENTS, "question_id")
+RESERVED_COLUMNS = (*REWARD_KEYWORDS, "question_id")
 """Column names a dataset may not use: the arguments reward functions get from the trainer (a column would
-replace one in every reward call; `exgrpo_pl.rewards.base.REWARD_ARGUMENTS` lists them) and the batch key
+replace one in every reward call; `exgrpo_pl.rewards.REWARD_KEYWORDS` lists them) and the batch key
 of the question ids."""
 
 ANSWER_FROM = ("column", "boxed")

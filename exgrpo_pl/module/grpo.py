@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Callable
 from copy import deepcopy
+from types import SimpleNamespace
 
 import torch
 from lightning.pytorch import LightningModule
@@ -52,11 +53,14 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
 
     Args:
         model_name_or_path: local directory or hub id of a causal LM, or `embedded:tiny-arith`.
-        reward_funcs: reward functions, TRL's protocol `fn(prompts, completions, **columns) -> list[float]`.
-            Defaults to the synthetic task's exact verifier.
+        reward_funcs: reward functions, TRL's protocol `fn(prompts, completions, **kwargs) -> list[float]`
+            (`completion_ids`, `trainer_state`, `log_metric`, `log_extra` and the dataset columns among the
+            keyword arguments, `async def` allowed; see `exgrpo_pl.rewards.protocol`). Defaults to the
+            synthetic task's exact verifier.
         reward_weights: one weight per reward function (default 1.0 each).
         reward_timeout_seconds: seconds one reward function may take per batch before the run stops with
-            an error naming it (`exgrpo_pl.rewards.RewardTimeoutError`); None: no limit.
+            an error naming it (`exgrpo_pl.rewards.RewardTimeoutError`); None: no limit. Under a limit the
+            functions run in a worker process, and `setup` checks that each can get there.
         num_generations: K, rollouts per prompt (>= 2: a group of one has no advantage).
         max_prompt_length: longest prompt in tokens; longer prompts are an error (found before training)
             unless `truncate_prompts`.
@@ -203,12 +207,15 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         # The last training step's seconds per phase ("timing/*") and per-function reward means, as floats:
         # logged on logging steps, readable on every step.
         self.last_step_metrics: dict[str, float] = {}
+        self._total_steps: int | None = None  # the run's optimizer steps, once configure_optimizers knows
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
-        """Before any training or evaluation: reject a conflicting strategy config, sampling that cannot fit
-        in memory, and prompts the tokenizer cannot encode or that are longer than allowed."""
+        """Before any training or evaluation, before the model is loaded: reject a conflicting strategy
+        config, sampling that cannot fit in memory, a reward function that cannot run where it will run, and
+        prompts the tokenizer cannot encode or that are longer than allowed."""
         check_strategy(self.trainer, self, self.trainer.datamodule)
+        self.collector.check_rewards()
         data = self.trainer.datamodule  # set up before the module (Lightning's order)
         if not isinstance(data, PromptDataModule):
             return
@@ -253,6 +260,7 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         # Not trainer.estimated_stepping_batches: it would set the training loader up before a resumed run's
         # checkpoint is restored, and the loader's saved position would never be loaded.
         total = max(int(estimated_stepping_batches(self.trainer)) * hp.num_iterations, 1)
+        self._total_steps = total
         scheduler = get_scheduler(hp.lr_scheduler_type, optimizer, hp.warmup_steps, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -289,7 +297,27 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         return self.collector.collect(
             self.engine, self._sampling(temperature), plan.prompts, plan.question_ids, plan.repeats,
             plan.columns, policy_version=self.global_step, device=self.device,
+            trainer_state=self._trainer_state(),
         )  # fmt: skip
+
+    def _trainer_state(self) -> SimpleNamespace:
+        """The run's progress as reward functions receive it (`trainer_state`), under the names of TRL's
+        `TrainerState`: `global_step` (optimizer steps taken), `epoch` (a float: epochs done, plus the part
+        of this one), `max_steps` (the run's optimizer steps), `num_train_epochs`, `is_world_process_zero`
+        and `is_local_process_zero`. A plain namespace, so that the worker process reads it without
+        importing anything."""
+        trainer = self.trainer
+        batches = trainer.num_training_batches
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1  # this batch is counted ready
+        part = max(done, 0) / batches if trainer.training and 0 < batches < math.inf else 0.0
+        return SimpleNamespace(
+            global_step=self.global_step,
+            epoch=self.current_epoch + part,
+            max_steps=self._total_steps if self._total_steps is not None else trainer.max_steps,
+            num_train_epochs=trainer.max_epochs,
+            is_world_process_zero=trainer.is_global_zero,
+            is_local_process_zero=trainer.local_rank == 0,
+        )
 
     def _sampling(self, temperature: float) -> SamplingConfig:
         hp = self.hparams

@@ -8,8 +8,7 @@ from exgrpo_pl.rewards.arithmetic import ArithmeticReward
 from exgrpo_pl.rewards.base import (
     AnswerReward,
     RewardFunction,
-    RewardNotSendableError,
-    RewardTimeoutError,
+    check_rewards,
     completion_text,
     compute_rewards,
     reward_name,
@@ -17,11 +16,14 @@ from exgrpo_pl.rewards.base import (
 from exgrpo_pl.rewards.by_source import RewardBySource
 from exgrpo_pl.rewards.exact_match import ExactMatchReward
 from exgrpo_pl.rewards.format import FormatReward
+from exgrpo_pl.rewards.limit import RewardNotSendableError, RewardTimeoutError
 from exgrpo_pl.rewards.math_verify import MathVerifyReward, extract_boxed
 from exgrpo_pl.rewards.multiple_choice import MultipleChoiceReward, option_label
+from exgrpo_pl.rewards.protocol import REWARD_KEYWORDS, RewardLog
 from exgrpo_pl.rewards.reasoning import ReasoningReward
 
 __all__ = [
+    "REWARD_KEYWORDS",
     "AnswerReward",
     "ArithmeticReward",
     "ExactMatchReward",
@@ -31,8 +33,10 @@ __all__ = [
     "ReasoningReward",
     "RewardBySource",
     "RewardFunction",
+    "RewardLog",
     "RewardNotSendableError",
     "RewardTimeoutError",
+    "check_rewards",
     "completion_text",
     "compute_rewards",
     "extract_boxed",

@@ -8,8 +8,9 @@ arrives, and stays imported for the next one.
 Protocol over the connection on file descriptor FD: the parent sends its `sys.path`, the worker answers
 "ready"; then it answers each `(function, args, kwargs)` with `("ok", value)`, `("raised", (exception,
 traceback))` (exception None when it cannot be pickled), or `("unloadable", traceback)` when the request
-could not be unpickled here (a function defined in the parent's `__main__`, say), until the connection
-closes. `function` is a callable, unpickled by reference, or a `(path, name)` pair: the function `name` of
+could not be unpickled here (a function of a module this process cannot import, say), until the connection
+closes. `function` is a callable (sent with cloudpickle: by reference, or by value when the parent's
+`__main__` defines it), or a `(path, name)` pair: the function `name` of
 the stdlib-only file at `path`, loaded without importing the package around it (whose `__init__` imports
 torch, seconds at every start).
 """

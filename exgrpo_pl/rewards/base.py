@@ -1,21 +1,21 @@
 """The reward-function protocol and the code that turns several reward functions into one reward per row.
 
 The protocol is TRL's, so a TRL reward function drops in unchanged: it is called with the prompts, the
-completions and every other dataset column as a keyword list of the same length, and returns one float per
-row, or `None` where it does not apply to that row. As in TRL, a prompt is text or a list of chat messages
-(conversational), and a conversational prompt's completion is a list of one message, `[{"role":
-"assistant", "content": text}]`; `completion_text` gives the text of either kind, and the shipped rewards
-take both. `compute_rewards` checks what each function returns (a NaN, an infinite score or a wrong type is
-an error naming the function and the row) and can put a time limit on each call, which holds whatever the
-function does: the call runs in a worker process that is killed when it runs over. Core module: no
-Lightning.
+completions, their token ids, the run's progress, two logging functions and every other dataset column as a
+keyword list of the same length (`exgrpo_pl.rewards.protocol` lists them), may be `async def`, and returns
+one float per row, or `None` where it does not apply to that row. As in TRL, a prompt is text or a list of
+chat messages (conversational), and a conversational prompt's completion is a list of one message,
+`[{"role": "assistant", "content": text}]`; `completion_text` gives the text of either kind, and the
+shipped rewards take both. `compute_rewards` checks what each function returns (a NaN, an infinite score
+or a wrong type is an error naming the function and the row) and can put a time limit on each call, which
+holds whatever the function does: the call runs in a worker process that is killed when it runs over. Core
+module: no Lightning.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import threading
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from exgrpo_pl.rewards.worker import NotSendable, WorkerProcess
+from exgrpo_pl.rewards import limit
+from exgrpo_pl.rewards.protocol import REWARD_KEYWORDS, RewardLog, is_async
 
 Messages = list[dict[str, str]]
 """Chat messages, TRL's conversational format: `[{"role": "user", "content": "What is 1+1?"}, ...]`."""
@@ -34,14 +35,6 @@ Prompt = str | Messages
 Completion = str | Messages
 """A completion as reward functions receive it: text, or (for a conversational prompt) one assistant
 message."""
-
-
-REWARD_ARGUMENTS = (
-    "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments",
-)  # fmt: skip
-"""The keyword arguments reward functions get from the trainer itself (here and in TRL), not from the
-dataset: a dataset column with one of these names would replace the argument in every reward call, so it is
-an error (`compute_rewards`; the data module names the file and row before training)."""
 
 
 def completion_text(completion: Completion) -> str:
@@ -73,14 +66,16 @@ def completion_text(completion: Completion) -> str:
 class RewardFunction(Protocol):
     """A verifier or shaping term: scores N completions of N prompts.
 
-    Dataset columns other than the prompt (e.g. `answer`, `domain`) arrive as keyword lists of length N, so
-    an implementation takes the columns it needs by name and swallows the rest with `**columns`.
+    Dataset columns other than the prompt (e.g. `answer`, `domain`) arrive as keyword lists of length N, as
+    do `completion_ids`; `trainer_state`, `log_extra` and `log_metric` come too (`REWARD_KEYWORDS`), so an
+    implementation takes what it needs by name and swallows the rest with `**columns`. It may be `async
+    def`: the async functions of a call are awaited concurrently.
 
-    Under a time limit `compute_rewards` runs it in a worker process, so it must be picklable by reference
-    (defined at the top level of an importable module) and what it changes in itself stays there. An
-    optional attribute `in_process = True` has it called in the caller's process instead, without the
-    limit: for functions that cannot run long (the shipped linear-time verifiers), or that must run here (a
-    model on the GPU, state the run reads).
+    Under a time limit `compute_rewards` runs it in a worker process: it is sent there with cloudpickle (by
+    reference when its module can be imported there, else by value, a script's own function included), and
+    what it changes in itself stays there. An optional attribute `in_process = True` has it called in the
+    caller's process instead, without the limit: for functions that cannot run long (the shipped
+    linear-time verifiers), or that must run here (a model on the GPU, state the run reads).
     """
 
     def __call__(
@@ -125,82 +120,6 @@ def reward_name(fn: Callable[..., Any]) -> str:
     if isinstance(name, str) and name:
         return name
     return getattr(fn, "__name__", None) or type(fn).__name__
-
-
-class RewardTimeoutError(TimeoutError):
-    """A reward function ran past `compute_rewards`'s `timeout_seconds`.
-
-    Attributes:
-        name: the function's logged name (see `reward_name`).
-        num_completions: how many completions the call was scoring.
-        timeout_seconds: the limit it ran past.
-    """
-
-    def __init__(self, name: str, num_completions: int, timeout_seconds: float) -> None:
-        super().__init__(
-            f"reward function {name!r} did not return within {timeout_seconds:g} s scoring {num_completions} "
-            "completions; raise the limit (`timeout_seconds`, ExGRPOModule's `reward_timeout_seconds`; None "
-            "for no limit) or make the function faster. Its worker process was killed"
-        )
-        self.name = name
-        self.num_completions = num_completions
-        self.timeout_seconds = timeout_seconds
-
-    def __reduce__(self):
-        # Rebuilt from its fields, not its message, so it survives pickling (e.g. from a spawned DDP worker).
-        return type(self), (self.name, self.num_completions, self.timeout_seconds)
-
-
-class RewardNotSendableError(TypeError):
-    """A reward function that has to run in a worker process (see `RewardFunction`) cannot get there."""
-
-
-# The worker process that runs reward functions under a limit: one per process, started on first use and
-# kept, since its start is paid again for every module its calls import (torch: seconds).
-_worker: WorkerProcess | None = None
-_worker_lock = threading.Lock()
-
-
-def _call(fn: Callable[..., Any], name: str, timeout_seconds: float | None, kwargs: dict[str, Any]) -> Any:
-    """`fn(**kwargs)`: directly without a limit or for an `in_process` function, else in the worker process.
-
-    Raises:
-        RewardTimeoutError: the call ran past the limit (the worker was killed).
-        RewardNotSendableError: `fn` or its arguments cannot be pickled, or unpickled in the worker.
-        RuntimeError: the worker process died during the call.
-        Exception: whatever `fn` raised, with the worker's traceback as its cause.
-    """
-    global _worker
-    if timeout_seconds is None or getattr(fn, "in_process", False):
-        return fn(**kwargs)
-    n = len(kwargs["completions"])
-    with _worker_lock:
-        if _worker is None or not _worker.usable:
-            _worker = WorkerProcess()
-        try:
-            reply = _worker.call(fn, (), kwargs, timeout_seconds)
-        except NotSendable as err:
-            raise RewardNotSendableError(_not_sendable(name, str(err))) from err
-    if reply.status == "ok":
-        return reply.value
-    if reply.status == "raised":
-        raise reply.value
-    if reply.status == "unloadable":
-        raise RewardNotSendableError(_not_sendable(name, reply.value.strip().splitlines()[-1]))
-    if reply.status == "timed out":
-        raise RewardTimeoutError(name, n, timeout_seconds)
-    raise RuntimeError(
-        f"reward function {name!r}'s worker process died (exit code {reply.value}) scoring {n} completions"
-    )
-
-
-def _not_sendable(name: str, reason: str) -> str:
-    return (
-        f"reward function {name!r} cannot run in a worker process, which is how the time limit holds whatever"
-        f" it does ({reason}). Define it at the top level of an importable module (not in a function or a"
-        " script's `__main__`); or give it `in_process = True` if it must run in the trainer's process (it"
-        " then runs without the limit); or set ExGRPOModule's `reward_timeout_seconds` to None"
-    )
 
 
 def _describe(value: Any) -> str:
@@ -284,13 +203,20 @@ def compute_rewards(
     completions: list[Completion],
     columns: Mapping[str, list[Any]],
     timeout_seconds: float | None = None,
+    *,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state: Any = None,
+    log: RewardLog | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Scores every row with every function and sums the weighted scores.
 
-    A `None` score becomes `nan` in that function's tensor and drops out of the weighted sum (a nansum, as
-    TRL does); a row no function applies to gets a total of 0 and a warning. A function may return a list
-    or tuple of floats and `None`s (numpy and 0-d torch scalars count as floats), or a 1-D numpy array or
-    torch tensor of length N.
+    Each function is called as TRL's GRPOTrainer calls it (see `exgrpo_pl.rewards.protocol`): with
+    `prompts`, `completions`, `completion_ids` and `trainer_state` (where given), `log_extra` and
+    `log_metric`, and every column by name. The `async def` functions are awaited concurrently, after the
+    others. A `None` score becomes `nan` in that function's tensor and drops out of the weighted sum (a
+    nansum, as TRL does); a row no function applies to gets a total of 0 and a warning. A function may
+    return a list or tuple of floats and `None`s (numpy and 0-d torch scalars count as floats), or a 1-D
+    numpy array or torch tensor of length N.
 
     Args:
         funcs: the reward functions, each following `RewardFunction`.
@@ -302,7 +228,14 @@ def compute_rewards(
         timeout_seconds: the longest each function's call may take; None: no limit. A limited call runs in a
             worker process (`exgrpo_pl.rewards.worker`), killed when it runs over, so the limit holds even
             for code that keeps the GIL; SIGTERM and Ctrl-C end the wait. Functions with `in_process = True`
-            are called directly, without the limit (see `RewardFunction`).
+            are called directly, without the limit (see `RewardFunction`). The async functions share one
+            call there, each cancelled at the limit.
+        completion_ids: `N` lists of each completion's token ids, without padding (TRL's `completion_ids`);
+            None: not passed.
+        trainer_state: the run's progress, passed as `trainer_state` (TRL passes its `TrainerState`:
+            `global_step`, `epoch`, `max_steps`, ...); None: not passed.
+        log: where the functions' `log_metric` and `log_extra` calls go, from the worker process too; None:
+            they are dropped.
 
     Returns:
         `(total, per_function)`: `total` is a `[N]` float32 tensor; `per_function` maps each function's name
@@ -310,13 +243,13 @@ def compute_rewards(
 
     Raises:
         ValueError: on no functions, a weight that is not finite, a weights/functions or column/prompt length
-            mismatch, a column named like one of `REWARD_ARGUMENTS`, two functions with the same name, a bad
-            `timeout_seconds`, or a function returning the wrong number of scores or a score that is NaN or
-            infinite (naming the function and the row).
+            mismatch, a column named as one of the library's keywords (`REWARD_KEYWORDS`), two functions
+            with the same name, a bad `timeout_seconds`, or a function returning the wrong number of scores
+            or a score that is NaN or infinite (naming the function and the row).
         TypeError: when a function returns something other than `list[float | None]` of length N (naming
             the function, what it returned and, for a bad score, the row).
         RewardTimeoutError: when a function runs past `timeout_seconds`.
-        RewardNotSendableError: when a function that has to run in the worker process cannot be pickled.
+        RewardNotSendableError: when a function that has to run in the worker process cannot get there.
     """
     if not funcs:
         raise ValueError("compute_rewards needs at least one reward function")
@@ -333,22 +266,29 @@ def compute_rewards(
     n = len(prompts)
     if len(completions) != n:
         raise ValueError(f"got {len(completions)} completions for {n} prompts")
-    for key, values in columns.items():
-        if key in REWARD_ARGUMENTS:
-            raise ValueError(
-                f"column {key!r} has the name of an argument reward functions get from the trainer"
-                f" ({', '.join(REWARD_ARGUMENTS)}), which it would replace; rename the column"
-            )
+    per_row = {"completion_ids": completion_ids} if completion_ids is not None else {}
+    for key, values in {**per_row, **columns}.items():
         if len(values) != n:
             raise ValueError(f"column {key!r} has {len(values)} values for {n} prompts")
-
-    per_function: dict[str, Tensor] = {}
-    for fn in funcs:
-        name = reward_name(fn)
-        if name in per_function:
+        if key in REWARD_KEYWORDS and key in columns:
+            raise ValueError(
+                f"column {key!r} has the name of an argument reward functions get from the trainer"
+                f" ({', '.join(REWARD_KEYWORDS)}), which it would replace; rename the column"
+            )
+    named = [(reward_name(fn), fn) for fn in funcs]
+    for i, (name, _) in enumerate(named):
+        if any(name == other for other, _ in named[:i]):
             raise ValueError(f"two reward functions are named {name!r}; give them distinct `name` attributes")
-        kwargs = {"prompts": prompts, "completions": completions, **columns}
-        per_function[name] = _scores(_call(fn, name, timeout_seconds, kwargs), name, completions)
+
+    kwargs: dict[str, Any] = {"prompts": prompts, "completions": completions, **per_row, **columns}
+    if trainer_state is not None:
+        kwargs["trainer_state"] = trainer_state
+    log = RewardLog() if log is None else log
+    awaited = [(name, fn) for name, fn in named if is_async(fn)]
+    called = [(name, fn) for name, fn in named if not is_async(fn)]
+    results = {name: limit.call(fn, name, timeout_seconds, kwargs, log) for name, fn in called}
+    results.update(limit.gather(awaited, timeout_seconds, kwargs, log))
+    per_function = {name: _scores(results[name], name, completions) for name, _ in named}
 
     stacked = torch.stack(list(per_function.values()), dim=1)  # [N, F]
     weight = torch.tensor([float(w) for w in weights], dtype=torch.float32)  # [F]
@@ -360,3 +300,26 @@ def compute_rewards(
             stacklevel=2,
         )
     return total, per_function
+
+
+def check_rewards(funcs: Sequence[Callable[..., Any]], timeout_seconds: float | None) -> None:
+    """Checks, before any scoring, that each reward function can run where `compute_rewards` will run it.
+
+    A function that runs in the worker process (see `limit.runs_in_worker`) is sent there and loaded, which
+    imports its module there (and starts the worker, kept for the run's calls); one that cannot get there
+    (unpicklable, or its module cannot be imported there) is an error now rather than at the first step.
+
+    Args:
+        funcs: the reward functions.
+        timeout_seconds: `compute_rewards`' limit.
+
+    Raises:
+        TypeError: on a reward function that is not callable.
+        RewardNotSendableError: naming the function that cannot reach the worker process, and why.
+    """
+    for fn in funcs:
+        name = reward_name(fn) if callable(fn) else repr(fn)
+        if not callable(fn):
+            raise TypeError(f"reward function {name} is not callable")
+        if limit.runs_in_worker(fn, timeout_seconds):
+            limit.check_loadable(fn, name)

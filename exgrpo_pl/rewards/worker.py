@@ -32,6 +32,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
+
 _SCRIPT = str(Path(__file__).with_name("_worker_main.py"))
 # Starting an interpreter takes tens of milliseconds, far more on a loaded machine.
 STARTUP_SECONDS = 120.0
@@ -47,6 +49,14 @@ class NotSendable(TypeError):
 
 class RemoteTraceback(Exception):
     """The traceback, printed in the worker process, of an exception a call raised there."""
+
+
+def remote_error(error: BaseException | None, text: str) -> BaseException:
+    """An exception raised in the worker process, with its traceback there (`text`) as its cause; a
+    RuntimeError carrying the traceback's last line when the exception itself could not be pickled (None)."""
+    error = error if error is not None else RuntimeError(text.strip().splitlines()[-1])
+    error.__cause__ = RemoteTraceback(f"\n\n{text}")
+    return error
 
 
 @dataclass(frozen=True)
@@ -143,10 +153,10 @@ class WorkerProcess:
         """`function(*args, **kwargs)` in the worker, waited for at most `timeout` seconds (None: no limit).
 
         Args:
-            function: a picklable callable (by reference: a module-level function or an instance of a
-                module-level class), or a `(path, name)` pair naming a function of a stdlib-only file.
-            args: its positional arguments, picklable.
-            kwargs: its keyword arguments, picklable.
+            function: a callable cloudpickle can send (a module's function or class instance goes by
+                reference, and its module is imported there; a `__main__` or local function goes by value),
+                or a `(path, name)` pair naming a function of a stdlib-only file.
+            args, kwargs: its arguments, sent the same way.
             timeout: the limit; a call that runs over kills the worker.
 
         Returns:
@@ -157,8 +167,10 @@ class WorkerProcess:
             Terminated, KeyboardInterrupt: on SIGTERM or Ctrl-C during the wait (the worker is killed).
         """
         try:
-            message = pickle.dumps((function, args, kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as err:  # PicklingError, or TypeError/AttributeError for a lock or a local function
+            # cloudpickle sends what plain pickle sends by reference (a module's function) the same way, and
+            # by value what no other process could import: a script's `__main__` function, a local function.
+            message = cloudpickle.dumps((function, args, kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as err:  # PicklingError, or TypeError for a lock, a generator, a CUDA stream
             raise NotSendable(f"{type(err).__name__}: {err}") from err
         connection = self.connection
         try:
@@ -174,10 +186,7 @@ class WorkerProcess:
             self.stop()  # interrupted while the worker had the call: it could still answer later
             raise
         if status == "raised":
-            error, text = value
-            error = error if error is not None else RuntimeError(text.strip().splitlines()[-1])
-            error.__cause__ = RemoteTraceback(f"\n\n{text}")
-            value = error
+            value = remote_error(*value)
         return Reply(status, value)
 
     def stop(self, grace: float = 0.0) -> int | None:

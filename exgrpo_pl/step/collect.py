@@ -24,7 +24,7 @@ from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch, pad_sequences
 from exgrpo_pl.engines import RolloutEngine, SamplingConfig
-from exgrpo_pl.rewards import completion_text, compute_rewards
+from exgrpo_pl.rewards import RewardLog, check_rewards, completion_text, compute_rewards
 from exgrpo_pl.rewards.base import Prompt
 
 # Prompts tokenized per call when checking a whole dataset's prompts.
@@ -141,6 +141,12 @@ class RolloutCollector:
                     where = locate(row) if locate else source
                     raise ValueError(f"{where}: " + self._too_long(row["id"], len(ids), row["prompt"]))
 
+    def check_rewards(self) -> None:
+        """Raise before training if a reward function cannot run where it will run: in the worker process
+        under `reward_timeout_seconds`, where it is sent and loaded now (see
+        `exgrpo_pl.rewards.check_rewards`)."""
+        check_rewards(self.reward_funcs, self.reward_timeout_seconds)
+
     def _check_encodable(self, row: dict, where: str) -> None:
         """Raises ValueError naming `where`, the row's question and the characters of its prompt that the
         tokenizer cannot encode, and the characters it can, when its vocabulary is small enough to list.
@@ -207,6 +213,7 @@ class RolloutCollector:
         *,
         policy_version: int = 0,
         device: torch.device | str = "cpu",
+        trainer_state: Any = None,
     ) -> tuple[RolloutBatch, dict[str, float]]:
         """Sample `repeats[i]` completions of `prompts[i]` and score them.
 
@@ -221,12 +228,19 @@ class RolloutCollector:
             columns: dataset columns per prompt, the reward functions' keyword arguments.
             policy_version: the step whose policy samples (stored with each row).
             device: where the rows go.
+            trainer_state: the run's progress, the reward functions' `trainer_state` (TRL's protocol, see
+                `exgrpo_pl.rewards.protocol`); None: not passed.
 
         Returns:
             The rollouts (`group_size` 1; each prompt's rows next to each other, prompts in order;
                 behaviour log-probs, entropy and advantages 0: the training forward computes the first two,
                 with the numerics of the importance weights that later divide by them) and step metrics:
-                `timing/generation`, `timing/reward`, `train/rewards/{name}/mean`, `generated_tokens`.
+                `timing/generation`, `timing/reward`, `train/rewards/{name}/mean`, `generated_tokens`, and
+                `train/{name}` for each metric the reward functions logged with `log_metric` (its mean over
+                the call, as TRL averages them per step). The rollouts carry what they logged with
+                `log_extra` (`RolloutBatch.extra`, shown in `DifficultyMonitor`'s completions table): one
+                value per row, the last function's where several logged a column; a column of another length
+                is left out with a warning naming it.
         """
 
         columns = columns or {}
@@ -259,13 +273,28 @@ class RolloutCollector:
             [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
             for prompt, text in zip(row_prompts, completions)
         ]
+        # TRL's completion_ids: each completion's tokens up to and including its stop token, no padding.
+        completion_ids = [ids[mask].tolist() for ids, mask in zip(out.ids.cpu(), out.mask.cpu())]
+        log = RewardLog()
         rewards, per_function = compute_rewards(
             self.reward_funcs, self.reward_weights, row_prompts, reward_completions, row_columns,
-            timeout_seconds=self.reward_timeout_seconds,
+            timeout_seconds=self.reward_timeout_seconds, completion_ids=completion_ids,
+            trainer_state=trainer_state, log=log,
         )  # fmt: skip
         metrics["timing/reward"] = time.perf_counter() - started
         for name, values in per_function.items():
             metrics[f"train/rewards/{name}/mean"] = float(values.nanmean())
+        metrics.update({f"train/{name}": value for name, value in log.means().items()})
+        extra = {}
+        for column, values in log.extra.items():
+            n = len(completions)
+            if n and values and len(values) % n == 0:
+                extra[column] = values[-n:]  # several functions logged it (TRL's accuracy rewards): the last
+            else:
+                rank_zero_warn(
+                    f"the reward functions logged {len(values)} values of log_extra column {column!r} for {n}"
+                    " completions, not one per completion: the completions table leaves it out"
+                )
 
         n = prompt_ids.shape[0]
         rewards = rewards.to(device, torch.float32)
@@ -290,4 +319,5 @@ class RolloutCollector:
             answers=[str(a) for a in row_columns.get("answer", [""] * n)],
             domains=row_columns.get("domain"),
             columns=row_columns,
+            extra=extra or None,
         ), metrics

@@ -92,6 +92,31 @@ def test_tensorboard_gets_histograms_heatmap_completions_and_tier_counts(tmp_pat
     assert 1 <= len(table.splitlines()) - 2 <= 8  # up to completion_samples rows of the latest step
 
 
+def judged(prompts, completions, log_extra, **columns):
+    """A reward that logs a column for TRL's completions table: each completion's length, in words."""
+    log_extra("judge_says", [f"{len(completion)} chars" for completion in completions])
+    return [float(len(completion) % 2) for completion in completions]
+
+
+def test_the_completions_table_shows_what_the_rewards_logged_with_log_extra(tmp_path, tiny_model_dir):
+    seed_everything(0)
+    trainer = Trainer(
+        max_steps=2, accelerator="cpu", logger=TensorBoardLogger(tmp_path, name="tb"),
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        limit_val_batches=0, callbacks=callbacks(with_replay=False), default_root_dir=tmp_path,
+    )  # fmt: skip
+    data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
+    trainer.fit(tiny_module(tiny_model_dir, reward_funcs=[judged]), data)
+    events = read_events(trainer.logger.log_dir)
+    (text,) = {t for t in events.Tags()["tensors"] if t.startswith("monitor/completions")}
+    header, _, *rows = events.Tensors(text)[-1].tensor_proto.string_val[0].decode().splitlines()
+    assert header == "| prompt | completion | reward | replayed | judge_says |"
+    assert rows
+    for row in rows:  # each row's value is the one logged for its own completion
+        _, completion, _, _, said = row.strip("| ").split(" | ")
+        assert said == f"{len(completion)} chars"
+
+
 def test_csv_logger_gets_the_scalars_and_one_warning(tmp_path, tiny_model_dir, recwarn):
     trainer = fit(tmp_path, tiny_model_dir, CSVLogger(tmp_path, name="csv"))
     assert sum(NO_TENSORBOARD in str(w.message) for w in recwarn) == 1

@@ -16,7 +16,19 @@ import numpy as np
 import pytest
 import torch
 from conftest import is_gone
-from worker_rewards import backtracking, missing_column, nan_scores, ones
+from worker_rewards import (
+    async_blocks_its_loop,
+    async_forever,
+    async_ones,
+    async_raises,
+    async_wait,
+    async_wait_too,
+    backtracking,
+    missing_column,
+    nan_scores,
+    ones,
+    state_and_ids,
+)
 
 from exgrpo_pl.experience import DifficultyBucketer
 from exgrpo_pl.rewards import (
@@ -25,10 +37,12 @@ from exgrpo_pl.rewards import (
     FormatReward,
     ReasoningReward,
     RewardFunction,
+    RewardLog,
     RewardNotSendableError,
     RewardTimeoutError,
-    base,
+    check_rewards,
     compute_rewards,
+    limit,
 )
 from exgrpo_pl.rewards.base import reward_name
 from exgrpo_pl.rewards.worker import Terminated
@@ -134,7 +148,8 @@ def test_columns_arrive_as_keywords():
         return [0.0] * len(prompts)
 
     compute_rewards([spy], None, PROMPTS, COMPLETIONS, COLUMNS)
-    assert seen == COLUMNS
+    assert set(seen) == {*COLUMNS, "log_extra", "log_metric"}  # ids and state only when given
+    assert {key: seen[key] for key in COLUMNS} == COLUMNS
 
 
 def test_reward_name():
@@ -255,7 +270,7 @@ def test_class_reward_is_named_by_its_name_attribute():
 
 
 def worker_pid():
-    return base._worker.process.pid
+    return limit._worker.process.pid
 
 
 def test_a_limited_call_runs_in_the_worker_and_returns_its_scores():
@@ -341,10 +356,22 @@ def test_a_limited_call_raises_its_errors_with_the_workers_traceback():
         compute_rewards([nan_scores], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
 
 
+def test_a_local_function_runs_in_the_worker_by_value():
+    here = os.getpid()
+    local = lambda prompts, completions, **columns: [float(os.getpid() != here)] * 3  # noqa: E731
+    total, _ = compute_rewards([local], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+    assert total.tolist() == [1.0, 1.0, 1.0]  # it ran in another process
+
+
 def test_a_reward_that_cannot_reach_the_worker_is_a_clear_error(monkeypatch):
-    local = lambda prompts, completions, **columns: [1.0] * 3  # noqa: E731
-    with pytest.raises(RewardNotSendableError, match=r"'<lambda>' cannot run in a worker.*in_process"):
-        compute_rewards([local], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+    lock = threading.Lock()
+
+    def locked(prompts, completions, **columns):
+        with lock:
+            return [1.0] * len(completions)
+
+    with pytest.raises(RewardNotSendableError, match=r"'locked' cannot run in a worker.*lock.*in_process"):
+        compute_rewards([locked], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
     # Picklable here, but its module exists only in this process (as a script's `__main__` would).
     ghost = types.ModuleType("ghost_module")
     exec("def ghostly(prompts, completions, **columns):\n    return [1.0] * len(completions)", ghost.__dict__)
@@ -354,7 +381,7 @@ def test_a_reward_that_cannot_reach_the_worker_is_a_clear_error(monkeypatch):
 
 
 def test_in_process_functions_are_called_here_without_a_worker(monkeypatch):
-    monkeypatch.setattr(base, "_worker", None)
+    monkeypatch.setattr(limit, "_worker", None)
     seen = []
 
     def spy(prompts, completions, **kwargs):
@@ -364,7 +391,7 @@ def test_in_process_functions_are_called_here_without_a_worker(monkeypatch):
     spy.in_process = True
     shipped = [ArithmeticReward(), ExactMatchReward(), ReasoningReward()]
     compute_rewards([spy, *shipped], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
-    assert seen == [True] and base._worker is None
+    assert seen == [True] and limit._worker is None
 
 
 @pytest.mark.slow
@@ -372,10 +399,10 @@ def test_a_worker_stuck_in_c_dies_with_a_killed_trainer(tmp_path):
     script = (
         "import os, sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from exgrpo_pl.rewards import base, compute_rewards\n"
+        "from exgrpo_pl.rewards import compute_rewards, limit\n"
         "from worker_rewards import backtracking, ones\n"
         "compute_rewards([ones], None, ['p'], ['c'], {}, timeout_seconds=600)\n"
-        "print(base._worker.process.pid, flush=True)\n"
+        "print(limit._worker.process.pid, flush=True)\n"
         "compute_rewards([backtracking], None, ['p'], ['c'], {}, timeout_seconds=600)\n"
     )
     trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -401,3 +428,80 @@ def test_a_column_named_like_an_argument_from_the_trainer_is_an_error():
 
     with pytest.raises(ValueError, match="column 'completions' has the name of an argument reward functions"):
         compute_rewards([count], None, ["10+3="], ["4"], {"completions": ["13"]})
+# ---------------------------------------------------------------------------- TRL's whole protocol
+IDS = [[5, 6], [7], [8, 9, 10]]
+STATE = types.SimpleNamespace(global_step=4, epoch=1.5, max_steps=8)
+
+
+@pytest.mark.parametrize("timeout", [None, 30], ids=["here", "worker"])
+def test_completion_ids_trainer_state_and_logs_reach_a_function_here_and_in_the_worker(timeout):
+    log = RewardLog()
+    _, per_function = compute_rewards(
+        [state_and_ids], None, PROMPTS, COMPLETIONS, COLUMNS, timeout,
+        completion_ids=IDS, trainer_state=STATE, log=log,
+    )  # fmt: skip
+    assert per_function["state_and_ids"].tolist() == [6.0, 5.0, 7.0]  # global_step + len(ids)
+    assert log.extra == {"n_ids": [2, 1, 3]}  # logged in the worker, back here
+
+
+@pytest.mark.parametrize("timeout", [None, 30], ids=["here", "worker"])
+def test_async_functions_are_awaited_concurrently_with_their_logs(timeout):
+    compute_rewards([ones], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)  # the worker is up
+    log = RewardLog()
+    started = time.perf_counter()
+    total, per_function = compute_rewards(
+        [async_wait, ones, async_wait_too], None, PROMPTS, COMPLETIONS, COLUMNS, timeout, log=log
+    )
+    took = time.perf_counter() - started
+    assert 1.0 <= took < 1.9  # two 1 s sleeps together, not one after the other
+    assert list(per_function) == ["async_wait", "ones", "async_wait_too"]  # the functions' order
+    assert total.tolist() == [6.0, 6.0, 6.0] and log.means() == {"judge_calls": 3.0}
+
+
+def test_an_async_function_past_the_limit_is_named_and_cancelled():
+    started = time.perf_counter()
+    with pytest.raises(RewardTimeoutError, match=r"'async_forever' did not return within 0\.5 s"):
+        compute_rewards([async_ones, async_forever], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=0.5)
+    assert time.perf_counter() - started < 3.0
+
+
+def test_an_async_function_that_blocks_its_loop_is_stopped_by_the_hard_limit():
+    compute_rewards([ones], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)  # the worker is up
+    pid = worker_pid()
+    with pytest.raises(RewardTimeoutError, match=r"'async_blocks_its_loop / async_wait' did not return"):
+        funcs = [async_blocks_its_loop, async_wait]
+        compute_rewards(funcs, None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=0.5)
+    assert is_gone(pid)
+
+
+@pytest.mark.parametrize("timeout", [None, 30], ids=["here", "worker"])
+def test_an_async_functions_error_is_raised_with_its_traceback(timeout):
+    with pytest.raises(LookupError, match="the judge is down") as info:
+        compute_rewards([async_wait, async_raises], None, PROMPTS, COMPLETIONS, COLUMNS, timeout)
+    assert "in async_raises" in str(info.value.__cause__)
+
+
+def test_an_async_functions_scores_are_checked_as_any_others():
+    async def bad(prompts, completions, **columns):
+        return [math.nan] * len(completions)
+
+    with pytest.raises(ValueError, match="'bad' returned nan for row 0"):
+        compute_rewards([bad], None, PROMPTS, COMPLETIONS, COLUMNS, timeout_seconds=30)
+
+
+def test_a_column_named_as_a_library_keyword_is_an_error():
+    with pytest.raises(ValueError, match="column 'trainer_state' has the name of an argument"):
+        compute_rewards([ones], None, PROMPTS, COMPLETIONS, {"trainer_state": [1, 2, 3]})
+
+
+def test_check_rewards_sends_each_limited_function_to_the_worker_before_any_scoring(monkeypatch):
+    ghost = types.ModuleType("ghost_module")
+    exec("def ghostly(prompts, completions, **columns):\n    return [1.0] * len(completions)", ghost.__dict__)
+    monkeypatch.setitem(sys.modules, "ghost_module", ghost)
+    check_rewards([ones, ghost.ghostly], timeout_seconds=None)  # no limit: both run here
+    with pytest.raises(RewardNotSendableError, match=r"'ghostly'.*No module named 'ghost_module'"):
+        check_rewards([ones, ghost.ghostly], timeout_seconds=30)
+    ghost.ghostly.in_process = True
+    check_rewards([ones, ghost.ghostly], timeout_seconds=30)
+    with pytest.raises(TypeError, match="reward function 3 is not callable"):
+        check_rewards([3], timeout_seconds=30)

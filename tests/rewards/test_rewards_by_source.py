@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from exgrpo_pl.rewards import base, compute_rewards
+from exgrpo_pl.rewards import compute_rewards, limit
 from exgrpo_pl.rewards.by_source import RewardBySource, extract_answer
 from exgrpo_pl.rewards.multiple_choice import MultipleChoiceReward
 
@@ -141,12 +141,12 @@ def test_conversational_rows_reach_the_multiple_choice_reward():
 
 
 def test_an_in_process_router_runs_here_under_a_time_limit(monkeypatch):
-    monkeypatch.setattr(base, "_worker", None)
+    monkeypatch.setattr(limit, "_worker", None)
     router = RewardBySource({"gpqa": MultipleChoiceReward()}, default=half)
     answers = {"domain": COLUMNS["domain"], "answer": ["x", "A", "x", "x", "B"]}
     completions = ["c", "\\boxed{A}", "c", "c", "\\boxed{C}"]
     total, _ = compute_rewards([router], None, PROMPTS, completions, answers, timeout_seconds=5)
-    assert total.tolist() == [0.5, 1.0, 0.5, 0.5, 0.0] and base._worker is None
+    assert total.tolist() == [0.5, 1.0, 0.5, 0.5, 0.0] and limit._worker is None
 
 
 def test_a_router_with_a_limited_function_runs_in_the_worker_process():
@@ -157,7 +157,7 @@ def test_a_router_with_a_limited_function_runs_in_the_worker_process():
     # The first call imports this module and torch in the worker: seconds, outside the limit under test.
     compute_rewards([router], None, PROMPTS, completions, columns, timeout_seconds=120)
     total, _ = compute_rewards([router], None, PROMPTS, completions, columns, timeout_seconds=5)
-    worker = base._worker.process.pid
+    worker = limit._worker.process.pid
     assert worker != os.getpid()
     assert total.tolist() == [worker, 1.0, worker, worker, 0.0]
 

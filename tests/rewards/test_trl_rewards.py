@@ -10,6 +10,7 @@ with the `bench` extra, which the slow CI step installs.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,12 +18,16 @@ from conftest import tiny_module
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.cli import ExGRPOCLI
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.experience import SelectiveReplay
+from exgrpo_pl.module import ExGRPOModule
+from exgrpo_pl.rewards import reward_name
 
 trl = pytest.importorskip("trl.rewards")
 pytest.importorskip("math_verify")  # accuracy_reward's verifier (the `math` extra)
 trl_accuracy_reward, think_format_reward = trl.accuracy_reward, trl.think_format_reward
+import trl_factories  # noqa: E402 (after the skips: it imports trl)
 
 pytestmark = pytest.mark.slow
 
@@ -60,9 +65,10 @@ class Rollouts(Callback):
         self.steps.append(outputs["rollouts"])
 
 
-def run(tmp_path, model_dir, mode):
-    """A 4-step run on the dataset, replaying from the second step; returns (accuracy_reward's calls, the
-    steps' rollouts, question id -> dataset row)."""
+def run(tmp_path, model_dir, mode, reward_funcs=None):
+    """A 4-step run on the dataset, replaying from the second step, scored by TRL's `accuracy_reward` and
+    `think_format_reward` (or `reward_funcs`); returns (accuracy_reward's calls, the steps' rollouts,
+    question id -> dataset row)."""
     calls = []
 
     def accuracy_reward(completions, solution, **kwargs):  # TRL's, recording what it is given
@@ -72,7 +78,8 @@ def run(tmp_path, model_dir, mode):
     path = tmp_path / f"train_{mode}.jsonl"
     write_dataset(path)
     seed_everything(0)
-    module = tiny_module(model_dir, reward_funcs=[accuracy_reward, think_format_reward], num_generations=K)
+    funcs = reward_funcs or [accuracy_reward, think_format_reward]
+    module = tiny_module(model_dir, reward_funcs=funcs, num_generations=K)
     data = PromptDataModule(train_path=str(path), batch_size=4, val_fraction=0.0)
     replay = ReplayCallback(
         mode=mode, replay=SelectiveReplay("uniform", replay_probability=1.0), min_buffer_size=1
@@ -131,3 +138,70 @@ def test_swap_mode_rows_carry_their_columns_and_the_rewards_they_were_scored_wit
         assert step.columns["solution"] == [rows[q]["solution"] for q in questions]
         assert step.columns["extra_info"] == [rows[q]["extra_info"] for q in questions]
         assert torch.equal(step.rewards.cpu(), trl_rewards(step.completions, step.columns["solution"]))
+
+
+TRL_REWARDS = {
+    "accuracy_reward": trl.accuracy_reward,
+    "reasoning_accuracy_reward": trl.reasoning_accuracy_reward,
+    "think_format_reward": trl.think_format_reward,
+    "get_soft_overlong_punishment": trl_factories.overlong,
+    "get_repetition_penalty_reward": trl_factories.repetition,
+    "get_cosine_scaled_reward": trl_factories.cosine,
+}
+
+
+def test_the_tests_cover_every_reward_trl_ships():
+    shipped = {name for name in trl.__all__ if callable(getattr(trl, name))}  # less the submodules
+    assert set(TRL_REWARDS) == shipped
+
+
+@pytest.mark.parametrize("mode", ["mix", "swap"])
+@pytest.mark.parametrize("name", list(TRL_REWARDS))
+def test_each_trl_reward_trains_unchanged_and_scores_each_row_as_trl_does(
+    tmp_path, tiny_model_dir, name, mode
+):
+    fn = TRL_REWARDS[name]
+    _, steps, rows = run(tmp_path, tiny_model_dir, mode, reward_funcs=[fn])
+    assert len(steps) == 4 and len(steps[0]) == 4 * K  # swap: stored rows after the first step
+    for step in steps:
+        # Each row's reward is the function's on what TRL gives it: the conversational completion, the
+        # row's solution, its token ids without padding; None is left out of the sum (a total of 0).
+        ids = [row[mask].tolist() for row, mask in zip(step.completion_ids.cpu(), step.completion_mask.cpu())]
+        completions = [[{"role": "assistant", "content": text}] for text in step.completions]
+        solutions = [rows[q]["solution"] for q in step.question_ids.tolist()]
+        expected = fn(completions=completions, solution=solutions, completion_ids=ids)
+        expected = torch.tensor([0.0 if e is None else e for e in expected], dtype=torch.float32)
+        assert torch.equal(step.rewards.cpu(), expected)
+
+
+PROTOCOL_REWARDS = [  # TRL's six, and three of protocol_rewards.py: by ids, by trainer_state, async
+    "trl.rewards.accuracy_reward", "trl.rewards.reasoning_accuracy_reward", "trl.rewards.think_format_reward",
+    "trl_factories.overlong", "trl_factories.repetition", "trl_factories.cosine",
+    "protocol_rewards.length_reward", "protocol_rewards.progress_reward", "protocol_rewards.judge_reward",
+]  # fmt: skip
+
+
+def test_nine_rewards_written_to_trls_protocol_train_under_exgrpo_fit(tmp_path, tiny_model_dir):
+    path = tmp_path / "train.jsonl"
+    write_dataset(path)
+    config = Path(__file__).resolve().parents[2] / "configs" / "exgrpo.yaml"
+    cli = ExGRPOCLI(
+        ExGRPOModule, PromptDataModule, save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,
+        args=[
+            "fit", f"--config={config}", f"--model.model_name_or_path={tiny_model_dir}",
+            "--model.num_generations=4", "--model.max_completion_length=4", "--model.max_prompt_length=16",
+            "--model.validate_at_start=false", "--data.synthetic=null", f"--data.train_path={path}",
+            "--data.val_fraction=0", "--data.batch_size=4", "--trainer.max_steps=3",
+            "--trainer.accelerator=cpu", "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            f"--model.reward_funcs=[{', '.join(PROTOCOL_REWARDS)}]",
+        ],
+    )  # fmt: skip
+    assert cli.model.hparams.reward_timeout_seconds is not None  # all nine ran under the limit
+    logged = cli.trainer.callback_metrics
+    names = [reward_name(fn) for fn in cli.model.collector.reward_funcs]
+    assert len(names) == 9 and all(f"train/rewards/{name}/mean" in logged for name in names)
+    assert logged["train/rewards/progress_reward/mean"] == pytest.approx(2 / 3)  # step 2 of 3
+    assert logged["train/judge_calls"] == 1.0

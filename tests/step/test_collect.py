@@ -1,6 +1,7 @@
 """RolloutCollector: prompts of a plan -> engine -> decoded, scored rows in plan order; message-list prompts
 (rendered with the chat template, conversational completions for the reward functions), in a real run too."""
 
+import types
 import warnings
 
 import pytest
@@ -11,7 +12,7 @@ from lightning.pytorch import Trainer
 from exgrpo_pl.data import ARITHMETIC_ALPHABET, PromptDataModule
 from exgrpo_pl.engines import Completions, SamplingConfig
 from exgrpo_pl.models import build_char_tokenizer
-from exgrpo_pl.rewards import ArithmeticReward, FormatReward
+from exgrpo_pl.rewards import REWARD_KEYWORDS, ArithmeticReward, FormatReward
 from exgrpo_pl.step.collect import RolloutCollector
 
 TOKENIZER = build_char_tokenizer(ARITHMETIC_ALPHABET)
@@ -226,7 +227,7 @@ def test_reward_functions_get_conversational_completions_for_message_prompts():
     assert completions == [
         [{"role": "assistant", "content": "3"}], [{"role": "assistant", "content": "4"}], "15", "15",
     ]  # fmt: skip
-    assert columns == {"answer": ["3", "3", "15", "15"]}
+    assert columns["answer"] == ["3", "3", "15", "15"]
     assert out.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]  # the shipped verifier reads both kinds
     assert out.completions == ["3", "4", "15", "15"] and out.prompts == prompts  # the rollouts keep the text
     ((prompt_ids, prompt_mask),) = engine.seen
@@ -262,3 +263,45 @@ def test_a_training_run_on_the_papers_data_gives_reward_functions_conversations(
         assert set(columns["domain"]) <= {"aime24", "amc23", "math500", "gsm8k"}
         assert all(isinstance(answer, str) for answer in columns["answer"])
         assert {reward_model["style"] for reward_model in columns["reward_model"]} == {"rule"}
+
+
+def test_reward_functions_get_trls_whole_protocol_and_their_metrics_are_averaged_per_call():
+    recorder = RecordingReward()
+
+    def logging_reward(prompts, completions, completion_ids, trainer_state, log_metric, log_extra, **columns):
+        for ids in completion_ids:
+            log_metric("completion_tokens", len(ids))
+        log_metric("step_seen", trainer_state.global_step)
+        log_extra("token_count", [len(ids) for ids in completion_ids])
+        return [0.0] * len(completions)
+
+    collector = RolloutCollector(TOKENIZER, [recorder, logging_reward], max_prompt_length=8)
+    engine = ScriptedEngine(["3", "4", "15", "15"])
+    state = types.SimpleNamespace(global_step=5, epoch=0.5, max_steps=10)
+    out, metrics = collect_twice_each(collector, engine, trainer_state=state)
+    ((_, _, kwargs),) = recorder.calls
+    eos = TOKENIZER.eos_token_id
+    expected_ids = [TOKENIZER(text)["input_ids"] + [eos] for text in ["3", "4", "15", "15"]]
+    assert kwargs["completion_ids"] == expected_ids  # no padding, the stop token kept (as TRL's)
+    assert kwargs["trainer_state"] is state
+    assert set(kwargs) == {"answer", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+    assert set(kwargs) - {"answer"} < set(REWARD_KEYWORDS)
+    assert metrics["train/completion_tokens"] == (2 + 2 + 3 + 3) / 4  # the mean of the call's values
+    assert metrics["train/step_seen"] == 5.0
+    assert out.extra == {"token_count": [2, 2, 3, 3]}  # each row's, for the completions table
+
+
+def test_a_log_extra_column_holds_one_value_per_row_or_is_left_out_with_a_warning():
+    def first(prompts, completions, log_extra, **columns):
+        log_extra("solution", ["first"] * len(completions))
+        log_extra("short", ["x"])
+        return [0.0] * len(completions)
+
+    def second(prompts, completions, log_extra, **columns):
+        log_extra("solution", ["second"] * len(completions))  # as TRL's two accuracy rewards both do
+        return [0.0] * len(completions)
+
+    collector = RolloutCollector(TOKENIZER, [first, second], max_prompt_length=8)
+    with pytest.warns(UserWarning, match="logged 1 values of log_extra column 'short' for 4 completions"):
+        out, _ = collect_twice_each(collector, ScriptedEngine(["3", "4", "15", "15"]))
+    assert out.extra == {"solution": ["second"] * 4}
