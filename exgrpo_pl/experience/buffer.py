@@ -26,6 +26,7 @@ from exgrpo_pl.experience.dedup import (
 from exgrpo_pl.experience.difficulty import DifficultyBucketer, check_rate_range, tier_of
 from exgrpo_pl.experience.sampling import (
     QUESTION_SAMPLING,
+    REPLAYED_TRAJECTORIES,
     STRATEGIES,
     STRATEGY_ALIASES,
     TRAJECTORY_SELECTION,
@@ -38,8 +39,8 @@ from exgrpo_pl.experience.storage import SlotStorage, as_numpy, batch_payload, p
 from exgrpo_pl.validation import check_number
 
 __all__ = [
-    "KEEP_MODES", "QUESTION_SAMPLING", "STRATEGIES", "STRATEGY_ALIASES", "TRAJECTORY_SELECTION", "EntropyFn",
-    "TrajectoryBuffer", "resolve_strategy",
+    "KEEP_MODES", "QUESTION_SAMPLING", "REPLAYED_TRAJECTORIES", "STRATEGIES", "STRATEGY_ALIASES",
+    "TRAJECTORY_SELECTION", "EntropyFn", "TrajectoryBuffer", "resolve_strategy",
 ]  # fmt: skip
 
 KEEP_MODES = ("all", "correct", "correct_of_partial")
@@ -218,6 +219,7 @@ class TrajectoryBuffer:
         gaussian_sigma: float = 0.125,
         question_sampling: str | None = None,
         trajectory_selection: str | None = None,
+        replayed_trajectories: str = "correct",
     ) -> RolloutBatch:
         """Draw up to `size` stored trajectories as a replay batch (`replayed=True`, `group_size=1`).
 
@@ -235,6 +237,11 @@ class TrajectoryBuffer:
         other pair samples questions, one trajectory each. Retired questions are never sampled; with fewer
         eligible than `size`, fewer rows (possibly none) come back.
 
+        Only correct trajectories are drawn (ExGRPO replays correct solutions), whatever `keep` stored: a
+        question is eligible when it has a correct one, and selection ranks its correct ones only.
+        `replayed_trajectories="any_stored_including_incorrect"` draws from every stored trajectory instead
+        (the seed's buffer with `keep="all"`).
+
         Advantages are `reward - current rate of the question`: a fresh estimate of the group-mean baseline
         under today's policy, where the advantage stored at collection time would be stale. `domains` is None
         unless some sampled row has one ("default" then marks the rows without).
@@ -250,6 +257,7 @@ class TrajectoryBuffer:
             gaussian_sigma: bucket weight width of "gaussian" in rate units, > 0 (1/8: one count at K=8).
             question_sampling: overrides the strategy's question sampling.
             trajectory_selection: overrides the strategy's trajectory selection.
+            replayed_trajectories: "correct", or the opt-in "any_stored_including_incorrect" (see above).
         """
         return draw(
             self._storage,
@@ -263,6 +271,7 @@ class TrajectoryBuffer:
             gaussian_sigma=gaussian_sigma,
             question_sampling=question_sampling,
             trajectory_selection=trajectory_selection,
+            replayed_trajectories=replayed_trajectories,
         )
 
     def question_columns(self, question_id: int) -> dict | None:
