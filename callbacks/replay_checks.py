@@ -22,7 +22,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from exgrpo_pl.contract import REPLAY_MODES
+from exgrpo_pl.contract import CONTRACT_DOC, REPLAY_MODES, ContractError
 from exgrpo_pl.validation import check_number
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -73,6 +73,62 @@ def check_trainer(callback, trainer) -> None:
             f"ReplayCallback replay_start_epoch={start}: must be < trainer.max_epochs={max_epochs} (epochs"
             f" count from 0), or replay can never start; the run would be plain GRPO"
         )
+
+
+def check_module(callback, module) -> None:
+    """Raises `ContractError` in `on_fit_start` (before the first step) when what a replay step will read
+    from the module is missing: the policy `score_entropy` runs (`replay_policy()`) and the temperature it
+    samples at (`sampling_temperature()`), where the replay strategy rescores stored trajectories."""
+    if not callback.replay.rescores:
+        return
+    for hook in ("replay_policy", "sampling_temperature"):
+        read = getattr(module, hook, None)
+        if not callable(read):
+            continue
+        try:
+            read()
+        except AttributeError as error:  # replay_policy's: no `policy` or `model`
+            raise ContractError(
+                f"{error}. ReplayCallback's strategy {callback.replay.strategy!r} rescores stored "
+                f"trajectories with it at every replay step; see {CONTRACT_DOC}"
+            ) from error
+
+
+def warn_if_swap_starves(callback) -> None:
+    """Warns (call in `setup`) when swap mode would replay on every step: from the step the buffer holds
+    `min_buffer_size` trajectories on, nothing new would be generated, stored or learned from."""
+    p = callback.replay.replay_probability
+    if callback.mode == "swap" and p >= 1:
+        rank_zero_warn(
+            f"ReplayCallback mode='swap' with SelectiveReplay replay_probability={p}: once the buffer holds "
+            f"min_buffer_size={callback.min_buffer_size} trajectories, every step trains on stored rows and "
+            "generates nothing new, so the buffer never changes again and the same rows come back. Use "
+            "replay_probability < 1 (the seed: 0.3), or mode='mix', which samples fresh rollouts every step"
+        )
+
+
+def check_mix_batch(callback, questions: int) -> None:
+    """Raises ValueError when a mixed step would replay every question of a batch of one, though
+    `mix_fraction` < 1 asks for a share: it would train on a stored trajectory and its K-1 rollouts only,
+    never on a fresh question."""
+    if callback.mode == "mix" and questions < 2 and callback.mix_fraction < 1:
+        raise ValueError(
+            f"ReplayCallback mode='mix' with training batches of {questions} question(s): a mixed step"
+            " replays round(mix_fraction * B) questions and keeps at least one fresh, which needs"
+            " batch_size >= 2. Raise the datamodule's batch_size, use mode='swap', or mix_fraction=1.0 to"
+            " replay every question on purpose"
+        )
+
+
+def eos_token_ids(module) -> list[int]:
+    """The ids that end a completion for `module`: its `eos_token_ids`, else its tokenizer's `eos_token_id`
+    (none known: an empty list, and the completion-mask check is skipped)."""
+    ids = getattr(module, "eos_token_ids", None)
+    if ids is None:
+        ids = getattr(getattr(module, "tokenizer", None), "eos_token_id", None)
+    if ids is None:
+        return []
+    return [int(i) for i in ids] if isinstance(ids, (list, tuple)) else [int(ids)]
 
 
 def check_streams(datamodule) -> None:

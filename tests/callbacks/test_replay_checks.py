@@ -109,7 +109,7 @@ def test_an_active_replay_that_never_replayed_says_so_at_the_end(tmp_path, tiny_
 
 
 def test_a_run_that_replayed_warns_nothing_at_its_end(tmp_path, tiny_model_dir, recwarn):
-    fit(tmp_path, tiny_model_dir, [ReplayCallback(replay=uniform_replay(), min_buffer_size=1)])
+    fit(tmp_path, tiny_model_dir, [ReplayCallback(replay=uniform_replay(0.99), min_buffer_size=1)])
     assert not [w for w in recwarn if "ReplayCallback" in str(w.message)]
 
 
@@ -186,7 +186,10 @@ def test_resuming_with_other_replay_options_lists_them(saved, tmp_path, tiny_mod
 def test_resuming_with_the_same_replay_options_warns_nothing(saved, tmp_path, tiny_model_dir, recwarn):
     same = ReplayCallback(replay=uniform_replay(), min_buffer_size=1, start_pass_rate=1.0)
     resume(tmp_path, tiny_model_dir, [same], saved[0])
-    assert not [w for w in recwarn if "ReplayCallback" in str(w.message)]
+    swap_always = "generates nothing new"  # the saved run's own options warn about that at setup, as they did
+    assert not [
+        w for w in recwarn if "ReplayCallback" in str(w.message) and swap_always not in str(w.message)
+    ]
 
 
 def test_adding_a_replay_callback_to_a_checkpoint_without_one_warns(saved, tmp_path, tiny_model_dir):
