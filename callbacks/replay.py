@@ -256,9 +256,10 @@ class ReplayCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        rollouts = self._contract.check_outputs(
-            outputs, batch, pl_module.num_generations, replay_checks.eos_token_ids(pl_module)
-        )
+        checked = len(self._contract.checked)
+        rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations)
+        if len(self._contract.checked) > checked:  # the first step of its kind: its fields were checked
+            replay_checks.check_completion_mask(rollouts, replay_checks.eos_token_ids(pl_module))
         self._contract.check_module(pl_module, outputs, batch)
         fresh = ~rollouts.replayed
         if self.start_pass_rate is not None and not self.pass_rate_reached and bool(fresh.any()):

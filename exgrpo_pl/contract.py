@@ -280,28 +280,6 @@ def check_rollouts(rollouts: RolloutBatch, num_generations: int, scored: bool = 
             )
 
 
-def check_completion_mask(rollouts: RolloutBatch, eos_token_ids: list[int]) -> None:
-    """Raise a `ContractError` when a fresh row's `completion_mask` is True after its first EOS token.
-
-    Tokens after EOS are padding: in the mask they enter the loss, the stored entropy and the buffer (a
-    replayed row's padding weighted as if sampled). No ids (unknown EOS): nothing is checked.
-    """
-    if not eos_token_ids or not len(rollouts):
-        return
-    ids, mask = rollouts.completion_ids, rollouts.completion_mask  # [N, C]
-    is_eos = torch.isin(ids, torch.tensor(eos_token_ids, device=ids.device)) & mask  # [N, C]
-    after = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # [N, C] past the row's first EOS
-    bad = ((after & mask).any(1) & ~rollouts.replayed).nonzero().flatten().tolist()
-    if bad:
-        padded = int((after & mask)[bad].sum())
-        raise ContractError(
-            f"rollouts.completion_mask is True after the EOS token (ids {eos_token_ids}) in rows {bad[:8]} "
-            f"({padded} tokens): the padding after EOS would be trained on, counted in the entropy and "
-            "stored for replay. Mask up to and including the first EOS: is_eos = completion_ids == "
-            f"eos_token_id; completion_mask = is_eos.cumsum(1) - is_eos.long() == 0 (see {CONTRACT_DOC})"
-        )
-
-
 def check_experience_used(experience: Experience, rollouts: RolloutBatch) -> None:
     """Raise a `ContractError` unless the step trained on the experience it was given, flagged as replayed.
 
@@ -392,9 +370,8 @@ class StepChecker:
     Every step: `check_batch` and `check_step_output` (dict look-ups and isinstance), and on a replay step
     `check_experience_used` (a sort of the replayed question ids) and, through `check_module`,
     `check_replay_loss` (a counter).
-    `check_rollouts` and `check_completion_mask` run on the first fully scored step of each kind ("fresh",
-    "swap", "mix"): a module's code path for a kind does not change between steps, and its field checks
-    synchronise with the device.
+    `check_rollouts` runs on the first fully scored step of each kind ("fresh", "swap", "mix"): a module's
+    code path for a kind does not change between steps, and its field checks synchronise with the device.
     """
 
     def __init__(self, mode: str | None = None) -> None:
@@ -404,13 +381,8 @@ class StepChecker:
     def check_batch(self, batch: Any) -> None:
         check_batch(batch, self.mode)
 
-    def check_outputs(
-        self, outputs: Any, batch: Mapping, num_generations: int, eos_token_ids: list[int] | None = None
-    ) -> RolloutBatch:
-        """The step's `RolloutBatch`, after the checks; a `ContractError` names the first problem.
-
-        `eos_token_ids`: the module's EOS ids, for `check_completion_mask` (None: not checked).
-        """
+    def check_outputs(self, outputs: Any, batch: Mapping, num_generations: int) -> RolloutBatch:
+        """The step's `RolloutBatch`, after the checks; a `ContractError` names the first problem."""
         rollouts = check_step_output(outputs)
         experience = batch.get("experience")
         if experience is not None:  # first: a misused experience is the likelier cause of odd fields
@@ -418,7 +390,6 @@ class StepChecker:
         kind = "fresh" if experience is None else experience.mode
         if kind not in self.checked and not outputs.get("skipped", False):
             check_rollouts(rollouts, num_generations)
-            check_completion_mask(rollouts, eos_token_ids or [])
             self.checked.add(kind)
         return rollouts
 

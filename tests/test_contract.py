@@ -14,7 +14,6 @@ from exgrpo_pl.contract import (
     Experience,
     StepChecker,
     check_batch,
-    check_completion_mask,
     check_experience_used,
     check_rollouts,
     check_step_output,
@@ -340,21 +339,3 @@ def test_a_skipped_update_is_not_field_checked_and_does_not_count_as_checked():
     out.entropy = torch.zeros_like(out.entropy)
     checker.check_outputs({"loss": float("nan"), "rollouts": out, "skipped": True}, batch(), K)
     assert checker.checked == set()
-
-
-def test_a_completion_mask_true_after_eos_is_named_with_the_fix():
-    """Padding after EOS inside the mask of a fresh row is an error naming the rows and the mask to build;
-    a mask that ends at EOS, replayed rows, and an unknown EOS pass."""
-    eos = 2
-    good = rows([0, 0, 1, 1])
-    good.completion_ids = torch.tensor([[5, 2, 2, 2], [5, 6, 7, 8], [2, 9, 9, 9], [5, 5, 5, 2]])
-    good.completion_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]]).bool()
-    good.behaviour_logps = torch.zeros(4, 4)
-    check_completion_mask(good, [eos])
-    bad = replace(good, completion_mask=torch.ones(4, 4, dtype=torch.bool))  # rows 0 and 2 padded after EOS
-    with pytest.raises(
-        ContractError, match=r"True after the EOS token \(ids \[2\]\) in rows \[0, 2\] \(5 tokens\)"
-    ):
-        check_completion_mask(bad, [eos])
-    check_completion_mask(replace(bad, replayed=torch.ones(4, dtype=torch.bool)), [eos])
-    check_completion_mask(bad, [])

@@ -38,10 +38,8 @@ from exgrpo_pl.experience.sampling import (
 from exgrpo_pl.experience.storage import SlotStorage, as_numpy, batch_payload, payload_subset
 from exgrpo_pl.validation import check_number
 
-__all__ = [
-    "KEEP_MODES", "QUESTION_SAMPLING", "REPLAYED_TRAJECTORIES", "STRATEGIES", "STRATEGY_ALIASES",
-    "TRAJECTORY_SELECTION", "EntropyFn", "TrajectoryBuffer", "resolve_strategy",
-]  # fmt: skip
+__all__ = ["KEEP_MODES", "QUESTION_SAMPLING", "REPLAYED_TRAJECTORIES", "STRATEGIES", "STRATEGY_ALIASES",
+           "TRAJECTORY_SELECTION", "EntropyFn", "TrajectoryBuffer", "resolve_strategy"]  # fmt: skip
 
 KEEP_MODES = ("all", "correct", "correct_of_partial")
 _SEED_KEYS = ("prompt", "rollout", "reward", "is_correct", "entropy")
@@ -232,15 +230,10 @@ class TrajectoryBuffer:
         "lowest_entropy" (the paper) / "highest_entropy" take per question the trajectory with the lowest /
         highest entropy under the current policy, `entropy_fn(candidates)` called at most once, on every
         stored trajectory of the sampled questions that have more than one (stored entropy when None);
-        "random" takes one uniformly.
+        "random" takes one uniformly. Only correct rows are drawn, whatever `keep` stored.
         "medium_range" with "low_entropy_percentile" samples trajectories uniformly (the seed's unit); every
         other pair samples questions, one trajectory each. Retired questions are never sampled; with fewer
         eligible than `size`, fewer rows (possibly none) come back.
-
-        Only correct trajectories are drawn (ExGRPO replays correct solutions), whatever `keep` stored: a
-        question is eligible when it has a correct one, and selection ranks its correct ones only.
-        `replayed_trajectories="any_stored_including_incorrect"` draws from every stored trajectory instead
-        (the seed's buffer with `keep="all"`).
 
         Advantages are `reward - current rate of the question`: a fresh estimate of the group-mean baseline
         under today's policy, where the advantage stored at collection time would be stale. `domains` is None
@@ -257,7 +250,7 @@ class TrajectoryBuffer:
             gaussian_sigma: bucket weight width of "gaussian" in rate units, > 0 (1/8: one count at K=8).
             question_sampling: overrides the strategy's question sampling.
             trajectory_selection: overrides the strategy's trajectory selection.
-            replayed_trajectories: "correct", or the opt-in "any_stored_including_incorrect" (see above).
+            replayed_trajectories: "correct", or the seed's opt-in "any_stored_including_incorrect".
         """
         return draw(
             self._storage,

@@ -2,14 +2,19 @@
 training, ones that depend on the data a warning at its start, a run that never replayed says so at its
 end, and a resume with other replay options lists them."""
 
+from dataclasses import replace
+
 import pytest
+import torch
 from conftest import tiny_module
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from test_contract import rows
 from test_replay_callback import fit, uniform_replay
 
 from exgrpo_pl.callbacks import ReplayCallback
-from exgrpo_pl.callbacks.replay_checks import defaults, options, warn_changed
+from exgrpo_pl.callbacks.replay_checks import check_completion_mask, defaults, options, warn_changed
+from exgrpo_pl.contract import ContractError
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, TrajectoryBuffer
 from exgrpo_pl.rewards import FormatReward
@@ -197,3 +202,21 @@ def test_adding_a_replay_callback_to_a_checkpoint_without_one_warns(saved, tmp_p
         resume(
             tmp_path, tiny_model_dir, [ReplayCallback(replay=uniform_replay(), min_buffer_size=1)], saved[1]
         )
+
+
+def test_a_completion_mask_true_after_eos_is_named_with_the_fix():
+    """Padding after EOS inside the mask of a fresh row is an error naming the rows and the mask to build;
+    a mask that ends at EOS, replayed rows, and an unknown EOS pass."""
+    eos = 2
+    good = rows([0, 0, 1, 1])
+    good.completion_ids = torch.tensor([[5, 2, 2, 2], [5, 6, 7, 8], [2, 9, 9, 9], [5, 5, 5, 2]])
+    good.completion_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]]).bool()
+    good.behaviour_logps = torch.zeros(4, 4)
+    check_completion_mask(good, [eos])
+    bad = replace(good, completion_mask=torch.ones(4, 4, dtype=torch.bool))  # rows 0 and 2 padded after EOS
+    with pytest.raises(
+        ContractError, match=r"True after the EOS token \(ids \[2\]\) in rows \[0, 2\] \(5 tokens\)"
+    ):
+        check_completion_mask(bad, [eos])
+    check_completion_mask(replace(bad, replayed=torch.ones(4, dtype=torch.bool)), [eos])
+    check_completion_mask(bad, [])
