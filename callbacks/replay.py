@@ -27,6 +27,7 @@ from exgrpo_pl.callbacks.collectives import (
     rank_and_world_size,
     union_across_ranks,
 )
+from exgrpo_pl.callbacks.global_rng import global_rng_state, restore_global_rng_state
 from exgrpo_pl.callbacks.rescoring import Rescoring
 from exgrpo_pl.contract import Experience, ReplayableModule, StepChecker
 from exgrpo_pl.experience.buffer import TrajectoryBuffer
@@ -143,6 +144,7 @@ class ReplayCallback(Callback):
             )
         replay_checks.check_options(self)
         replay_checks.check_trainer(self, trainer)
+        replay_checks.warn_if_swap_starves(self)
         self._contract.mode = self.mode
         self._rank_writes_own_file = zero_stage(trainer) == 3
         self.replay.follow_run_seed()
@@ -156,6 +158,10 @@ class ReplayCallback(Callback):
         if self.defers and stage == "fit":
             replay_checks.check_streams(trainer.datamodule)
             trainer.datamodule.stream_passes()
+
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        replay_checks.check_module(self, pl_module)  # after configure_model, which may build the policy
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -202,6 +208,7 @@ class ReplayCallback(Callback):
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._contract.check_batch(batch)
+        replay_checks.check_mix_batch(self, len(batch["prompt"]))
         self.buffer.bucketer.epoch = trainer.current_epoch
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
         if not self.replay_active(trainer) or not self.replay.should_replay():
@@ -245,6 +252,8 @@ class ReplayCallback(Callback):
         if self.mode == "swap":
             return questions * k
         share = max(1, round(self.mix_fraction * questions))
+        if self.mix_fraction < 1:  # a fresh question is left, unless the whole batch is asked for
+            share = min(share, questions - 1)
         if not self.bounded_demand:
             return share
         return min(share, self.buffer.num_questions_in(self.replay.medium_range(self.buffer)))
@@ -253,7 +262,10 @@ class ReplayCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        checked = len(self._contract.checked)
         rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations)
+        if len(self._contract.checked) > checked:  # the first step of its kind: its fields were checked
+            replay_checks.check_completion_mask(rollouts, replay_checks.eos_token_ids(pl_module))
         self._contract.check_module(pl_module, outputs, batch)
         fresh = ~rollouts.replayed
         if self.start_pass_rate is not None and not self.pass_rate_reached and bool(fresh.any()):
@@ -322,6 +334,8 @@ class ReplayCallback(Callback):
             "replayed_steps": self.replayed_steps,
             "deferred_total": self.deferred_total,
             "options": replay_checks.options(self),
+            # A module of one's own may sample from the global generators: a resume continues them.
+            "global_rng": global_rng_state(),
         }
         rank, world_size = rank_and_world_size()
         if self._rank_writes_own_file:
@@ -374,3 +388,5 @@ class ReplayCallback(Callback):
         self.fallback_steps = own["fallback_steps"]
         self.replayed_steps = own["replayed_steps"]
         self.deferred_total = own.get("deferred_total", 0)  # saved since displaced_questions exists
+        if "global_rng" in own:  # saved since the callback restores them
+            restore_global_rng_state(own["global_rng"])

@@ -20,9 +20,11 @@ import inspect
 import math
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from exgrpo_pl.contract import REPLAY_MODES
+from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.contract import CONTRACT_DOC, REPLAY_MODES, ContractError
 from exgrpo_pl.validation import check_number
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -72,6 +74,84 @@ def check_trainer(callback, trainer) -> None:
         raise ValueError(
             f"ReplayCallback replay_start_epoch={start}: must be < trainer.max_epochs={max_epochs} (epochs"
             f" count from 0), or replay can never start; the run would be plain GRPO"
+        )
+
+
+def check_module(callback, module) -> None:
+    """Raises `ContractError` in `on_fit_start` (before the first step) when what a replay step will read
+    from the module is missing: the policy `score_entropy` runs (`replay_policy()`) and the temperature it
+    samples at (`sampling_temperature()`), where the replay strategy rescores stored trajectories."""
+    if not callback.replay.rescores:
+        return
+    for hook in ("replay_policy", "sampling_temperature"):
+        read = getattr(module, hook, None)
+        if not callable(read):
+            continue
+        try:
+            read()
+        except AttributeError as error:  # replay_policy's: no `policy` or `model`
+            raise ContractError(
+                f"{error}. ReplayCallback's strategy {callback.replay.strategy!r} rescores stored "
+                f"trajectories with it at every replay step; see {CONTRACT_DOC}"
+            ) from error
+
+
+def warn_if_swap_starves(callback) -> None:
+    """Warns (call in `setup`) when swap mode would replay on every step: from the step the buffer holds
+    `min_buffer_size` trajectories on, nothing new would be generated, stored or learned from."""
+    p = callback.replay.replay_probability
+    if callback.mode == "swap" and p >= 1:
+        rank_zero_warn(
+            f"ReplayCallback mode='swap' with SelectiveReplay replay_probability={p}: once the buffer holds "
+            f"min_buffer_size={callback.min_buffer_size} trajectories, every step trains on stored rows and "
+            "generates nothing new, so the buffer never changes again and the same rows come back. Use "
+            "replay_probability < 1 (the seed: 0.3), or mode='mix', which samples fresh rollouts every step"
+        )
+
+
+def check_mix_batch(callback, questions: int) -> None:
+    """Raises ValueError when a mixed step would replay every question of a batch of one, though
+    `mix_fraction` < 1 asks for a share: it would train on a stored trajectory and its K-1 rollouts only,
+    never on a fresh question."""
+    if callback.mode == "mix" and questions < 2 and callback.mix_fraction < 1:
+        raise ValueError(
+            f"ReplayCallback mode='mix' with training batches of {questions} question(s): a mixed step"
+            " replays round(mix_fraction * B) questions and keeps at least one fresh, which needs"
+            " batch_size >= 2. Raise the datamodule's batch_size, use mode='swap', or mix_fraction=1.0 to"
+            " replay every question on purpose"
+        )
+
+
+def eos_token_ids(module) -> list[int]:
+    """The ids that end a completion for `module`: its `eos_token_ids`, else its tokenizer's `eos_token_id`
+    (none known: an empty list, and the completion-mask check is skipped)."""
+    ids = getattr(module, "eos_token_ids", None)
+    if ids is None:
+        ids = getattr(getattr(module, "tokenizer", None), "eos_token_id", None)
+    if ids is None:
+        return []
+    return [int(i) for i in ids] if isinstance(ids, (list, tuple)) else [int(ids)]
+
+
+def check_completion_mask(rollouts: RolloutBatch, eos_token_ids: list[int]) -> None:
+    """Raise a `ContractError` when a fresh row's `completion_mask` is True after its first EOS token.
+
+    Tokens after EOS are padding: in the mask they enter the loss, the stored entropy and the buffer (a
+    replayed row's padding weighted as if sampled). No ids (unknown EOS): nothing is checked.
+    """
+    if not eos_token_ids or not len(rollouts):
+        return
+    ids, mask = rollouts.completion_ids, rollouts.completion_mask  # [N, C]
+    is_eos = torch.isin(ids, torch.tensor(eos_token_ids, device=ids.device)) & mask  # [N, C]
+    after = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # [N, C] past the row's first EOS
+    bad = ((after & mask).any(1) & ~rollouts.replayed).nonzero().flatten().tolist()
+    if bad:
+        padded = int((after & mask)[bad].sum())
+        raise ContractError(
+            f"rollouts.completion_mask is True after the EOS token (ids {eos_token_ids}) in rows {bad[:8]} "
+            f"({padded} tokens): the padding after EOS would be trained on, counted in the entropy and "
+            "stored for replay. Mask up to and including the first EOS: is_eos = completion_ids == "
+            f"eos_token_id; completion_mask = is_eos.cumsum(1) - is_eos.long() == 0 (see {CONTRACT_DOC})"
         )
 
 

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from exgrpo_pl.experience import SelectiveReplay
+
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -157,14 +159,25 @@ def code_blocks(markdown: str) -> list[tuple[str, str]]:
     return re.findall(r"^```(\w*)\n(.*?)^```$", markdown, flags=re.S | re.M)
 
 
+PLAIN_SAMPLE = SelectiveReplay.sample
+
+
 def test_readme_example_runs(tmp_path, monkeypatch):
     blocks = [block for language, block in code_blocks(README.read_text()) if language == "python"]
     example = next(b for b in blocks if "ReplayCallback(" in b and "trainer.fit" in b)
     monkeypatch.chdir(tmp_path)
+    drawn = []  # every replay draw: the snippet replays correct solutions only
+
+    def sample(self, *args, **kwargs):
+        drawn.append(PLAIN_SAMPLE(self, *args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(SelectiveReplay, "sample", sample)
     scope: dict = {}
     exec(compile(example, "README.md", "exec"), scope)
     assert scope["trainer"].global_step == 4
     assert len(scope["replay"].buffer) > 0
+    assert scope["replay"].replayed_steps > 0 and all(bool(rows.correct.all()) for rows in drawn)
 
 
 def test_each_number_read_from_a_results_file_is_what_the_file_holds():

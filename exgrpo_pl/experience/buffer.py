@@ -26,6 +26,7 @@ from exgrpo_pl.experience.dedup import (
 from exgrpo_pl.experience.difficulty import DifficultyBucketer, check_rate_range, tier_of
 from exgrpo_pl.experience.sampling import (
     QUESTION_SAMPLING,
+    REPLAYED_TRAJECTORIES,
     STRATEGIES,
     STRATEGY_ALIASES,
     TRAJECTORY_SELECTION,
@@ -37,10 +38,8 @@ from exgrpo_pl.experience.sampling import (
 from exgrpo_pl.experience.storage import SlotStorage, as_numpy, batch_payload, payload_subset
 from exgrpo_pl.validation import check_number
 
-__all__ = [
-    "KEEP_MODES", "QUESTION_SAMPLING", "STRATEGIES", "STRATEGY_ALIASES", "TRAJECTORY_SELECTION", "EntropyFn",
-    "TrajectoryBuffer", "resolve_strategy",
-]  # fmt: skip
+__all__ = ["KEEP_MODES", "QUESTION_SAMPLING", "REPLAYED_TRAJECTORIES", "STRATEGIES", "STRATEGY_ALIASES",
+           "TRAJECTORY_SELECTION", "EntropyFn", "TrajectoryBuffer", "resolve_strategy"]  # fmt: skip
 
 KEEP_MODES = ("all", "correct", "correct_of_partial")
 _SEED_KEYS = ("prompt", "rollout", "reward", "is_correct", "entropy")
@@ -218,6 +217,7 @@ class TrajectoryBuffer:
         gaussian_sigma: float = 0.125,
         question_sampling: str | None = None,
         trajectory_selection: str | None = None,
+        replayed_trajectories: str = "correct",
     ) -> RolloutBatch:
         """Draw up to `size` stored trajectories as a replay batch (`replayed=True`, `group_size=1`).
 
@@ -230,7 +230,7 @@ class TrajectoryBuffer:
         "lowest_entropy" (the paper) / "highest_entropy" take per question the trajectory with the lowest /
         highest entropy under the current policy, `entropy_fn(candidates)` called at most once, on every
         stored trajectory of the sampled questions that have more than one (stored entropy when None);
-        "random" takes one uniformly.
+        "random" takes one uniformly. Only correct rows are drawn, whatever `keep` stored.
         "medium_range" with "low_entropy_percentile" samples trajectories uniformly (the seed's unit); every
         other pair samples questions, one trajectory each. Retired questions are never sampled; with fewer
         eligible than `size`, fewer rows (possibly none) come back.
@@ -250,6 +250,7 @@ class TrajectoryBuffer:
             gaussian_sigma: bucket weight width of "gaussian" in rate units, > 0 (1/8: one count at K=8).
             question_sampling: overrides the strategy's question sampling.
             trajectory_selection: overrides the strategy's trajectory selection.
+            replayed_trajectories: "correct", or the seed's opt-in "any_stored_including_incorrect".
         """
         return draw(
             self._storage,
@@ -263,6 +264,7 @@ class TrajectoryBuffer:
             gaussian_sigma=gaussian_sigma,
             question_sampling=question_sampling,
             trajectory_selection=trajectory_selection,
+            replayed_trajectories=replayed_trajectories,
         )
 
     def question_columns(self, question_id: int) -> dict | None:

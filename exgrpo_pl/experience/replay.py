@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.experience.buffer import EntropyFn, TrajectoryBuffer, resolve_strategy
+from exgrpo_pl.experience.buffer import REPLAYED_TRAJECTORIES, EntropyFn, TrajectoryBuffer, resolve_strategy
 from exgrpo_pl.experience.difficulty import check_rate_range
 from exgrpo_pl.seeding import derive_seed, split_seed
 from exgrpo_pl.validation import check_number
@@ -43,6 +43,9 @@ class SelectiveReplay:
             `DifficultyBucketer.medium_range`.
         seed: seed of the decision and sampling generators, the same on every rank; None: derived from the
             run seed.
+        replayed_trajectories: "correct" (ExGRPO: only correct stored trajectories are replayed, whatever
+            the buffer's `keep` stores) or "any_stored_including_incorrect" (the seed's buffer with
+            `keep="all"`, whose selection ranks wrong answers with the right ones).
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class SelectiveReplay:
         trajectory_selection: str | None = None,
         adaptive_range: bool = False,
         seed: int | None = None,
+        replayed_trajectories: str = "correct",
     ) -> None:
         self.question_sampling, self.trajectory_selection = resolve_strategy(
             strategy, question_sampling, trajectory_selection
@@ -64,6 +68,12 @@ class SelectiveReplay:
         check_number("SelectiveReplay", "entropy_percentile", entropy_percentile, 0, 100)
         check_number("SelectiveReplay", "gaussian_sigma", gaussian_sigma, 0, low_open=True)
         check_number("SelectiveReplay", "seed", seed, integer=True, optional=True)
+        if replayed_trajectories not in REPLAYED_TRAJECTORIES:
+            raise ValueError(
+                f"SelectiveReplay replayed_trajectories={replayed_trajectories!r}; allowed: "
+                f"{', '.join(REPLAYED_TRAJECTORIES)}"
+            )
+        self.replayed_trajectories = replayed_trajectories
         self.strategy = strategy
         self.replay_probability = float(replay_probability)
         self.medium_difficulty_range = check_rate_range(medium_difficulty_range, "medium_difficulty_range")
@@ -115,6 +125,7 @@ class SelectiveReplay:
             gaussian_sigma=self.gaussian_sigma,
             question_sampling=self.question_sampling,
             trajectory_selection=self.trajectory_selection,
+            replayed_trajectories=self.replayed_trajectories,
         )
 
     def state_dict(self) -> dict:

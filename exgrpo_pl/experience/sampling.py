@@ -27,6 +27,9 @@ STRATEGIES: dict[str, tuple[str, str]] = {
     "uniform": ("uniform", "random"),
 }
 STRATEGY_ALIASES = {"entropy_guided": "medium_difficulty_low_entropy"}  # the seed's name in SelectiveReplay
+# Which stored trajectories a draw may return: the correct ones (ExGRPO replays correct solutions), or, by an
+# explicit opt-in, every stored one (the seed's buffer with keep="all" stores wrong answers too).
+REPLAYED_TRAJECTORIES = ("correct", "any_stored_including_incorrect")
 
 EntropyFn = Callable[[RolloutBatch], Tensor]
 
@@ -69,6 +72,7 @@ def draw(
     gaussian_sigma: float,
     question_sampling: str | None,
     trajectory_selection: str | None,
+    replayed_trajectories: str = "correct",
 ) -> RolloutBatch:
     """`TrajectoryBuffer.sample` on the buffer's `storage` (and its `entropy_percentiles`), which see."""
     qs, ts = resolve_strategy(strategy, question_sampling, trajectory_selection)
@@ -82,14 +86,28 @@ def draw(
         )
     if qs == "gaussian" and not gaussian_sigma > 0:
         raise ValueError(f"gaussian_sigma must be > 0, got {gaussian_sigma!r}")
+    if replayed_trajectories not in REPLAYED_TRAJECTORIES:
+        raise ValueError(
+            f"replayed_trajectories must be one of {list(REPLAYED_TRAJECTORIES)}, "
+            f"got {replayed_trajectories!r}"
+        )
     rates, eligible = replayable(storage)  # refined below
+    allowed = None  # [high_water] slots that may be replayed; None: every occupied one
+    if replayed_trajectories == "correct":
+        allowed = (
+            storage.cols["correct"][: storage.high_water] & storage.cols["occupied"][: storage.high_water]
+        )
+        qidx = storage.cols["qidx"][: storage.high_water]
+        has_correct = np.bincount(qidx[allowed & (qidx >= 0)], minlength=len(rates))[: len(rates)] > 0
+        eligible &= has_correct
     if qs == "medium_range":
         eligible &= (rates >= low) & (rates <= high)
     threshold = np.inf
     if ts == "low_entropy_percentile":
         # The candidates are a large share of all rows here: one pass over the rows' question column
         # costs less than assembling them from the per-question lists.
-        candidates = np.flatnonzero(np.append(eligible, False)[storage.cols["qidx"][: storage.high_water]])
+        candidates = np.append(eligible, False)[storage.cols["qidx"][: storage.high_water]]
+        candidates = np.flatnonzero(candidates if allowed is None else candidates & allowed)
         entropy = storage.cols["entropy"][candidates]
         threshold = _percentile(entropy, entropy_percentile) if len(candidates) else np.inf
         passing = candidates[entropy <= threshold]
@@ -104,7 +122,7 @@ def draw(
     else:
         eligible_ids = np.flatnonzero(eligible)
         chosen = eligible_ids[_choose(len(eligible_ids), size, generator)]
-    return _one_per_question(storage, chosen, ts, threshold, entropy_fn, generator)
+    return _one_per_question(storage, chosen, ts, threshold, entropy_fn, generator, allowed)
 
 
 def replayable(storage: SlotStorage) -> tuple[np.ndarray, np.ndarray]:
@@ -124,12 +142,19 @@ def _one_per_question(
     threshold: float,
     entropy_fn: EntropyFn | None,
     generator: torch.Generator | None,
+    allowed: np.ndarray | None = None,
 ) -> RolloutBatch:
-    """One trajectory per question in `chosen` (`[k]` dense indices), in that order, by `selection`:
+    """One trajectory per question in `chosen` (`[k]` dense indices), in that order, among its slots that
+    `allowed` (`[high_water]` bool; None: all) marks, each chosen question having at least one, by
+    `selection`:
     "random" uniformly, "low_entropy_percentile" uniformly among those with stored entropy <=
     `threshold`, "lowest_entropy" / "highest_entropy" by entropy under `entropy_fn` (stored entropy for
     questions with a single trajectory, or without `entropy_fn`)."""
     slots, counts = storage.index.groups(chosen)  # each chosen question's slots, in turn
+    if allowed is not None:
+        group = np.repeat(np.arange(len(chosen)), counts)
+        keep = allowed[slots]
+        slots, counts = slots[keep], np.bincount(group[keep], minlength=len(chosen))
     first = np.cumsum(counts) - counts
     if selection == "random":
         u = torch.rand(len(chosen), generator=generator, dtype=torch.float64).numpy()

@@ -9,8 +9,10 @@ module's transformers policy; override `replay_policy` if yours is not `self.pol
 
 Three more methods make a GRPO `training_step` honour `batch["experience"]` in a few lines
 (examples/own_module.py, docs/replay_contract.md): `replay_groups` (what to train on, sampled with your
-own sampler), `record_behaviour` (the fresh rows' behaviour log-probs and entropy from your first
-forward) and `replay_loss` (the replayed rows' importance-weighted loss terms).
+own sampler, with advantages from your `compute_advantages`), `record_behaviour` (the fresh rows' behaviour
+log-probs and entropy from your first forward) and `replay_loss` (the replayed rows' importance-weighted
+policy-gradient terms; add your KL and entropy terms after it). `fresh_rows` and `replayed_rows` split a
+step's rollouts for your own reward and accuracy logs.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import partial
 
+import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.contract import CONTRACT_DOC, ContractError
 from exgrpo_pl.lightning_internals import attached_trainer
 from exgrpo_pl.step.groups import record_behaviour, replayed_token_loss, sample_groups
 from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS
+from exgrpo_pl.step.losses import group_advantages
 from exgrpo_pl.step.rollout import num_micro_batches, score_entropy
 from exgrpo_pl.step.update import sum_over_ranks
 
@@ -31,8 +36,10 @@ from exgrpo_pl.step.update import sum_over_ranks
 class ReplayMixin:
     """`score_entropy` and `entropy_forwards` of `exgrpo_pl.contract.ReplayableModule`, from the policy.
 
-    Reads, when the module has them: `hparams.temperature` (the sampling temperature, default 1.0),
-    `hparams.micro_batch_size` (rows per training forward, hence per rescoring forward),
+    Reads the module's sampling temperature (`sampling_temperature`: `self.temperature`, else
+    `hparams.temperature`; without either, `ReplayCallback` stops before the first step naming the member to
+    add), and, when the module has them, `hparams.micro_batch_size` (rows per training forward, hence per
+    rescoring forward),
     `hparams.logit_chunk_elements` (logits per float32 chunk of the softmax work, default
     `exgrpo_pl.step.logprobs.DEFAULT_CHUNK_ELEMENTS`), `tokenizer.pad_token_id` (the token of ZeRO-3's padding
     forwards, default 0). The module must also have `num_generations` (K).
@@ -54,6 +61,24 @@ class ReplayMixin:
             "to return the causal LM that samples rollouts"
         )
 
+    def sampling_temperature(self) -> float:
+        """The temperature the module samples at: `self.temperature`, else `hparams.temperature`.
+
+        Rescoring stored trajectories (entropy) must use the sampler's own temperature, so there is no
+        default: a module with neither gets a `ContractError` naming the member to add (`ReplayCallback`
+        asks when fitting starts, before the first step). Override this if the temperature lives elsewhere.
+        """
+        value = getattr(self, "temperature", None)
+        value = self._replay_setting("temperature", None) if value is None else value
+        if value is None:
+            raise ContractError(
+                f"{type(self).__name__} has neither `temperature` nor `hparams.temperature`: set "
+                "`self.temperature = <the temperature your sampler uses>` in __init__ (or override "
+                "ReplayMixin.sampling_temperature()); replay rescores stored trajectories' entropy at it, "
+                f"see {CONTRACT_DOC}"
+            )
+        return float(value)
+
     def _replay_setting(self, name: str, default):
         value = getattr(getattr(self, "hparams", None), name, None)
         return default if value is None else value
@@ -67,7 +92,7 @@ class ReplayMixin:
         return score_entropy(
             self.replay_policy(),
             rollouts.to(self.device),
-            self._replay_setting("temperature", 1.0),
+            self.sampling_temperature(),
             self.rescore_rows(),
             num_forwards=num_forwards,
             pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
@@ -87,8 +112,11 @@ class ReplayMixin:
         """The rows this step trains on, `batch["experience"]` honoured, with advantages, on `self.device`.
 
         `exgrpo_pl.step.groups.sample_groups` with K = `num_generations`, `global_step` as the policy version,
-        and `hparams.scale_rewards` ("group") and `hparams.correct_threshold` (0.5) when the module has them.
-        Under data parallelism "batch" scaling divides by the std of every rank's rewards (an all-reduce).
+        and `hparams.correct_threshold` (0.5) when the module has it. The advantages of groups of K (fresh and
+        mixed ones) are `compute_advantages` of their rewards, the module's own definition when it overrides
+        it, so that without replay the module trains exactly as it did before; a swap step's stored rows
+        keep the buffer's `reward - current rate`, scaled as `hparams.scale_rewards` ("group") says. Under
+        data parallelism "batch" scaling divides by the std of every rank's rewards (an all-reduce).
 
         Args:
             batch: the training batch.
@@ -103,7 +131,34 @@ class ReplayMixin:
         )  # fmt: skip
         experience = batch.get("experience")
         self._unweighted_replayed_rows = 0 if experience is None else len(experience.rollouts)
-        return rollouts.to(self.device)
+        rollouts = rollouts.to(self.device)
+        k = rollouts.group_size
+        if k == self.num_generations and len(rollouts):  # groups of K: not a swap step's stored rows
+            rewards = rollouts.rewards.view(-1, k)  # [G, K]
+            rollouts.advantages = self.compute_advantages(rewards).reshape(-1).to(rollouts.rewards.dtype)
+        return rollouts
+
+    def compute_advantages(self, rewards: Tensor) -> Tensor:
+        """`[G, K]` advantages of `[G, K]` group rewards (a mixed group's stored row first).
+
+        Default: `exgrpo_pl.step.losses.group_advantages` under `hparams.scale_rewards` ("group", eps 1e-4;
+        "batch" divides by the std of every rank's rewards). Override it with your module's own definition
+        (another eps, no std division, ...): `replay_groups` then gives exactly the advantages your step
+        computed before it adopted replay.
+        """
+        scale = self._replay_setting("scale_rewards", "group")
+        ranks = partial(sum_over_ranks, attached_trainer(self))
+        flat = group_advantages(rewards.reshape(-1), rewards.shape[1], scale, sum_over_ranks=ranks)
+        return flat.view_as(rewards)
+
+    def fresh_rows(self, rollouts: RolloutBatch) -> RolloutBatch:
+        """The rows this policy sampled in this step (`replayed` False): what your own reward and accuracy
+        logs should read, so that stored (correct) rows do not inflate them."""
+        return rollouts.select(~rollouts.replayed, group_size=1)
+
+    def replayed_rows(self, rollouts: RolloutBatch) -> RolloutBatch:
+        """The stored rows this step replayed (`replayed` True)."""
+        return rollouts.select(rollouts.replayed, group_size=1)
 
     def unweighted_replayed_rows(self) -> int:
         """Replayed rows the latest `replay_groups` returned that no `replay_loss` call has weighted since.
@@ -129,12 +184,25 @@ class ReplayMixin:
     ) -> Tensor:
         """`per_token` `[n, C]` with the replayed rows' terms replaced by -f(w) A (ExGRPO's off-policy term).
 
+        Pass the policy-gradient term only and add the module's other terms (a KL penalty to a reference, an
+        entropy bonus) after it, `self.replay_loss(pg, logps, rollouts) + beta * kl`: they then apply to
+        replayed rows as to fresh ones. `logps` must carry gradients (the replayed rows' only gradient flows
+        through them): a `ContractError` says so when they do not.
+
         See `exgrpo_pl.step.groups.replayed_token_loss`; reads `hparams.off_policy_correction` ("shaping"),
         `hparams.shaping_beta` (0.1) and `hparams.is_truncation` (2.0) when the module has them. With
         replayed rows it logs `train/is_weight`, their mean f(w), as `ExGRPOModule` does. `rows`: the rows of
         `rollouts` that `per_token` and `logps` are of, for a micro-batch (default: all).
         """
         self._unweighted_replayed_rows = 0
+        replayed = rollouts.replayed[rows]
+        if torch.is_grad_enabled() and not logps.requires_grad and bool(replayed.any()):
+            raise ContractError(
+                f"{type(self).__name__}.replay_loss got log-probs without gradient for {int(replayed.sum())} "
+                "replayed rows, which would train on nothing: pass the log-probs of the training forward "
+                "itself, not a .detach()ed copy or one computed under torch.no_grad() (the ratio's "
+                f"`logps - logps.detach()` keeps them); see {CONTRACT_DOC}"
+            )
         stats: dict[str, Tensor] = {}
         per_token = replayed_token_loss(
             per_token, logps, rollouts, self._replay_setting("off_policy_correction", "shaping"),

@@ -17,6 +17,9 @@ from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
+# These tests are about rank bookkeeping, not which rows are drawn: every stored row may be replayed.
+ANY_STORED = {"replayed_trajectories": "any_stored_including_incorrect"}
+
 pytestmark = pytest.mark.multiprocess
 
 
@@ -88,7 +91,7 @@ class UnevenReplay(SelectiveReplay):
     empty and it never calls `entropy_fn`; records how many candidates each step rescored."""
 
     def __init__(self):
-        super().__init__(strategy="gaussian_lowest_entropy", replay_probability=1.0)
+        super().__init__(strategy="gaussian_lowest_entropy", replay_probability=1.0, **ANY_STORED)
         self.candidates = []
 
     def sample(self, buffer, size, entropy_fn=None):

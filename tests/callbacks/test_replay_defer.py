@@ -14,6 +14,9 @@ from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule, collate_rows
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
+# These tests are about rank bookkeeping, not which rows are drawn: every stored row may be replayed.
+ANY_STORED = {"replayed_trajectories": "any_stored_including_incorrect"}
+
 ROWS, BATCH, K = 12, 4, 4  # 3 steps an epoch
 
 
@@ -44,7 +47,7 @@ def train(
         mode=mode,
         min_buffer_size=1,
         displaced_questions="defer",
-        replay=SelectiveReplay("uniform", replay_probability=probability),
+        replay=SelectiveReplay("uniform", replay_probability=probability, **ANY_STORED),
         buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4, retire_from=retire_from)),
         **options,
     )

@@ -18,6 +18,9 @@ from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
+# These tests are about rank bookkeeping, not which rows are drawn: every stored row may be replayed.
+ANY_STORED = {"replayed_trajectories": "any_stored_including_incorrect"}
+
 pytestmark = pytest.mark.multiprocess
 
 ROWS, BATCH = 12, 2  # 2 questions a step on each of 2 ranks: 3 steps an epoch
@@ -70,7 +73,9 @@ def fit(root, model_dir, name, max_steps, ckpt_path=None):
         bounded_demand=True,
         min_buffer_size=1,
         displaced_questions="defer",
-        replay=SelectiveReplay("uniform", replay_probability=1.0, medium_difficulty_range=(0.0, 0.6)),
+        replay=SelectiveReplay(
+            "uniform", replay_probability=1.0, medium_difficulty_range=(0.0, 0.6), **ANY_STORED
+        ),
         buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4)),
     )
     trainer = Trainer(

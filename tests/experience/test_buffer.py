@@ -54,6 +54,10 @@ def make_batch(qids, rewards, entropy=None, replayed=None, domains=None, policy_
     )
 
 
+# The seed's opt-in: these tests exercise the strategies on every stored row, wrong answers included.
+ANY = {"replayed_trajectories": "any_stored_including_incorrect"}
+
+
 def group(qid, correct, total, **kwargs):
     """One question's group of `total` rollouts, the first `correct` of them correct."""
     return make_batch([qid] * total, [1.0] * correct + [0.0] * (total - correct), **kwargs)
@@ -122,7 +126,7 @@ def test_seed_dict_path():
     assert len(buffer) == 6
     expected_id = text_id("what is 3+3?")
     assert buffer.bucketer.rates(torch.tensor([expected_id])).item() == 1.0
-    batch = buffer.sample("uniform", size=10, generator=torch.Generator().manual_seed(0))
+    batch = buffer.sample("uniform", **ANY, size=10, generator=torch.Generator().manual_seed(0))
     assert len(batch) == 6 and batch.replayed.all()
     assert sorted(batch["prompts"]) == sorted(f"what is {i}+{i}?" for i in range(6))
     assert sorted(batch["rollouts"]) == sorted(str(2 * i) for i in range(6))
@@ -152,7 +156,9 @@ def test_sampled_rows_carry_their_payload():
         [1, 1, 2, 2, 3], [1.0, 0.0, 1.0, 1.0, 0.0], domains=["a", "a", "b", "b", "a"], policy_version=4
     )
     buffer.add(source)
-    batch = buffer.sample("uniform", size=3, question_sampling="uniform", trajectory_selection="random")
+    batch = buffer.sample(
+        "uniform", **ANY, size=3, question_sampling="uniform", trajectory_selection="random"
+    )
     for i in range(len(batch)):
         j = [k for k in range(len(source)) if source.completions[k] == batch.completions[i]][0]
         assert batch.question_ids[i] == source.question_ids[j]
@@ -268,13 +274,13 @@ def test_medium_range_filter():
     seen = set()
     for _ in range(20):
         batch = buffer.sample(
-            "medium_difficulty_low_entropy", size=4, trajectory_selection="random", generator=g
+            "medium_difficulty_low_entropy", **ANY, size=4, trajectory_selection="random", generator=g
         )
         seen |= set(batch.question_ids.tolist())
         assert len(batch) == 1  # one eligible question, one trajectory per question
     assert seen == {2}
     batch = buffer.sample(
-        "medium_difficulty_low_entropy", size=50, difficulty_range=(0.25, 0.75), entropy_percentile=75
+        "medium_difficulty_low_entropy", **ANY, size=50, difficulty_range=(0.25, 0.75), entropy_percentile=75
     )
     assert set(batch.question_ids.tolist()) <= {1, 2, 3}
     assert len(batch) == 9  # trajectory unit: 3/4 of the 12 candidates pass the 75th percentile
@@ -288,7 +294,7 @@ def test_entropy_percentile_filter():
     g = torch.Generator().manual_seed(0)
     seen = set()
     for _ in range(30):
-        batch = buffer.sample(size=10, generator=g)
+        batch = buffer.sample(**ANY, size=10, generator=g)
         assert len(batch) == 10 and (batch.entropy <= threshold).all()
         seen |= set(batch.entropy.tolist())
     assert seen == {e for e in entropy if e <= threshold}
@@ -306,11 +312,15 @@ def test_entropy_fn_wins_over_stored_entropy(selection):
         return -candidates.entropy  # the current policy disagrees with collection time
 
     batch = buffer.sample(
-        trajectory_selection=selection, question_sampling="uniform", size=2, entropy_fn=reversed_entropy
+        **ANY,
+        trajectory_selection=selection,
+        question_sampling="uniform",
+        size=2,
+        entropy_fn=reversed_entropy,
     )
     expected = {0.3, 0.6} if selection == "lowest_entropy" else {0.1, 0.4}
     assert set(np.round(batch.entropy.tolist(), 4)) == expected and calls == [6]
-    stored = buffer.sample(trajectory_selection=selection, question_sampling="uniform", size=2)
+    stored = buffer.sample(**ANY, trajectory_selection=selection, question_sampling="uniform", size=2)
     expected = {0.1, 0.4} if selection == "lowest_entropy" else {0.3, 0.6}
     assert set(np.round(stored.entropy.tolist(), 4)) == expected
 
@@ -352,15 +362,19 @@ def test_gaussian_sampling_matches_bucket_weights():
 def test_fewer_eligible_than_size_and_empty():
     buffer = no_retire()
     for name in STRATEGIES:
-        assert len(buffer.sample(name, size=5)) == 0
+        assert len(buffer.sample(name, **ANY, size=5)) == 0
     buffer.add(group(1, 2, 4))
     for name in STRATEGIES:
-        batch = buffer.sample(name, size=10, entropy_percentile=50)
+        batch = buffer.sample(name, **ANY, size=10, entropy_percentile=50)
         unit = 2 if name == "medium_difficulty_low_entropy" else 1  # trajectories vs questions
         assert len(batch) == unit
-        assert len(buffer.sample(name, size=0)) == 0
+        assert len(buffer.sample(name, **ANY, size=0)) == 0
     assert (
-        len(buffer.sample("uniform", size=3, difficulty_range=(0.9, 1.0), question_sampling="medium_range"))
+        len(
+            buffer.sample(
+                "uniform", **ANY, size=3, difficulty_range=(0.9, 1.0), question_sampling="medium_range"
+            )
+        )
         == 0
     )
 
@@ -617,7 +631,7 @@ def test_random_selection_is_uniform_inside_a_question():
         round(float(e), 1)
         for _ in range(3000)
         for q, e in zip(*(lambda b: (b.question_ids.tolist(), b.entropy.tolist()))(
-            buffer.sample("uniform", size=2, generator=g)))
+            buffer.sample("uniform", **ANY, size=2, generator=g)))
         if q == 1
     ]  # fmt: skip
     assert len(picked) == 3000
@@ -637,6 +651,7 @@ def test_question_sampling_with_the_percentile_filter():
     for _ in range(2000):
         batch = buffer.sample(
             "uniform",
+            **ANY,
             size=5,
             trajectory_selection="low_entropy_percentile",
             entropy_percentile=50,
@@ -780,3 +795,30 @@ def test_correct_of_partial_counts_the_whole_group(replayed_reward, fresh, store
     assert buffer.add(mixed_group(1, replayed_reward, fresh)) == stored
     assert buffer.bucketer.latest_counts(torch.tensor([1]))[1].tolist() == [4]
     assert buffer.bucketer.retired == ({1} if stored == 0 and sum(fresh) == 3 else set())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    correct=st.lists(st.lists(st.booleans(), min_size=1, max_size=4), min_size=1, max_size=6),
+    strategy=st.sampled_from(sorted(STRATEGIES)),
+    seed=st.integers(0, 2**16),
+)
+def test_only_correct_rows_are_replayed_from_a_keep_all_buffer(correct, strategy, seed):
+    """Whatever `keep="all"` stored, a draw returns correct rows only, and every question with a correct row
+    can be drawn (the default `replayed_trajectories="correct"`)."""
+    buffer = no_retire()  # keep="all": wrong answers are stored too
+    qids = [q for q, rows in enumerate(correct) for _ in rows]
+    rewards = [float(c) for rows in correct for c in rows]
+    buffer.add(make_batch(qids, rewards, entropy=[0.01 * i for i in range(len(qids))]))
+    g = torch.Generator().manual_seed(seed)
+    batch = buffer.sample(
+        strategy, size=100, difficulty_range=(0.0, 1.0), entropy_percentile=75, generator=g,
+        entropy_fn=lambda candidates: candidates.entropy,
+    )  # fmt: skip
+    assert bool(batch.correct.all())
+    with_correct = {q for q, rows in enumerate(correct) if any(rows)}
+    assert set(batch.question_ids.tolist()) <= with_correct
+    if strategy in ("gaussian_lowest_entropy", "uniform"):  # every eligible question, one row each
+        assert sorted(batch.question_ids.tolist()) == sorted(with_correct)
+    everything = buffer.sample(strategy, **ANY, size=100, difficulty_range=(0.0, 1.0), entropy_percentile=75)
+    assert len(everything) >= len(batch)

@@ -91,7 +91,13 @@ def test_paper_strategy_with_entropy_fn_and_ablation_overrides():
     replay = SelectiveReplay(strategy="gaussian_lowest_entropy")
     batch = replay.sample(buffer, size=3, entropy_fn=lambda candidates: -candidates.entropy)
     assert sorted(batch.question_ids.tolist()) == [0, 1, 2]
-    assert torch.allclose(batch.entropy.sort().values, torch.tensor([0.13, 0.23, 0.33]))
+    # The highest stored entropy of each question's correct rows (the first 1, 2, 3 of its 4).
+    assert torch.allclose(batch.entropy.sort().values, torch.tensor([0.10, 0.21, 0.32]))
+    seed = SelectiveReplay(
+        strategy="gaussian_lowest_entropy", replayed_trajectories="any_stored_including_incorrect"
+    )
+    batch = seed.sample(buffer, size=3, entropy_fn=lambda candidates: -candidates.entropy)
+    assert torch.allclose(batch.entropy.sort().values, torch.tensor([0.13, 0.23, 0.33]))  # wrong ones too
     no_selection = SelectiveReplay(strategy="gaussian_lowest_entropy", trajectory_selection="random")
     assert (no_selection.question_sampling, no_selection.trajectory_selection) == ("gaussian", "random")
     no_question = SelectiveReplay(strategy="gaussian_lowest_entropy", question_sampling="uniform")
@@ -106,6 +112,11 @@ def test_rescores_says_whether_sample_calls_entropy_fn(question_sampling, select
     calls = []
     replay.sample(make_buffer([1, 2, 3]), size=3, entropy_fn=lambda c: calls.append(len(c)) or c.entropy)
     assert replay.rescores == bool(calls)
+
+
+def test_replayed_trajectories_is_checked_by_name():
+    with pytest.raises(ValueError, match="replayed_trajectories='all'"):
+        SelectiveReplay(replayed_trajectories="all")
 
 
 def test_same_seed_samples_the_same():

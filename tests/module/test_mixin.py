@@ -106,7 +106,7 @@ def test_micro_batched_replay_steps_record_and_weight_each_slice_as_the_whole(mo
     whole.advantages, whole.entropy = torch.randn(5, generator=g), torch.zeros(5)
     whole.behaviour_logps = -torch.rand(whole.completion_ids.shape, generator=g)
     parts = RolloutBatch.cat([whole], group_size=1)  # a copy
-    logps = -torch.rand(whole.completion_ids.shape, generator=g)
+    logps = (-torch.rand(whole.completion_ids.shape, generator=g)).requires_grad_()  # a forward's, with grad
     entropies, per_token = torch.rand(logps.shape, generator=g), torch.randn(logps.shape, generator=g)
     module.record_behaviour(whole, logps, entropies)
     expected = module.replay_loss(per_token, logps, whole)
