@@ -124,8 +124,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         file's pickle names; here `weights_only=None` means True everywhere (only an explicit False, given
         to `Trainer.fit(weights_only=False)` for a trusted file, allows more, and runs the code the file
         names). A local file is checked first (`incomplete_reason`: complete, every record passing its
-        CRC-32), and an incomplete or corrupt one is an error naming it and the record; a file that is not a
-        Lightning checkpoint (a plain `state_dict`) is `NotALightningCheckpointError`.
+        CRC-32), and an incomplete or corrupt one is an error naming it and the record. A plain `state_dict`
+        loads as it is: Lightning's spawn launcher passes one back through here (`exgrpo fit --ckpt_path`
+        refuses one before anything is built, `check_loadable`).
         """
         weights_only = True if weights_only is None else weights_only
         local = local_path(path)
@@ -144,7 +145,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 " false`) unpickles them, running whatever code the file names: give it only for a file"
                 f" you made yourself or trust as you would a program. ({_unpickler_reason(err)})"
             ) from err
-        check_lightning_checkpoint(checkpoint, path)
         return checkpoint
 
     def remove_checkpoint(self, path: Any) -> None:

@@ -293,9 +293,8 @@ def test_a_plain_state_dict_as_ckpt_path_says_what_it_is_before_anything_is_buil
     ):
         main(["fit", "--ckpt_path", str(path), f"--trainer.default_root_dir={tmp_path}"])
     assert not (tmp_path / "lightning_logs").exists()
-    # Trainer.fit(ckpt_path=...) loads through the writer's loader: the same error, not Lightning's KeyError
-    with pytest.raises(NotALightningCheckpointError, match=rf"^ckpt_path=.*{what}"):
-        AtomicCheckpointIO().load_checkpoint(path)
+    # The writer's loader reads one as it is: Lightning's spawn launcher hands the weights back that way
+    assert set(AtomicCheckpointIO().load_checkpoint(path)) == {"model.embed_tokens.weight", "lm_head.weight"}
     torch.save({"model": {"w": torch.ones(1)}, "step": 3}, tmp_path / "other.pt")
     with pytest.raises(
         NotALightningCheckpointError, match=r"a dict of 2 entries \('model', 'step'\) without"
