@@ -82,7 +82,8 @@ def test_the_embedded_model_exports_with_its_tokenizer(tmp_path):
 
 
 def test_a_checkpoint_of_another_module_is_named(tmp_path):
-    torch.save({"state_dict": {"layer.weight": torch.ones(2)}, "hyper_parameters": {}}, tmp_path / "x.ckpt")
+    checkpoint = {"state_dict": {"layer.weight": torch.ones(2)}, "hyper_parameters": {}}
+    torch.save({**checkpoint, "pytorch-lightning_version": "2.6.6"}, tmp_path / "x.ckpt")
     with pytest.raises(ValueError, match=r"x.ckpt: its hyper_parameters have no model_name_or_path"):
         export_policy(tmp_path / "x.ckpt", tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -90,7 +91,7 @@ def test_a_checkpoint_of_another_module_is_named(tmp_path):
 
 def test_a_bare_state_dict_or_a_folder_that_is_no_checkpoint_is_named(tmp_path):
     torch.save({"layer.weight": torch.ones(2)}, tmp_path / "weights.pt")
-    with pytest.raises(ValueError, match=r"weights.pt: not a Lightning checkpoint \(no state_dict entry"):
+    with pytest.raises(ValueError, match=r"weights.pt: a plain state_dict \(1 tensors"):
         export_policy(tmp_path / "weights.pt", tmp_path / "out")
     folder = tmp_path / "run.ckpt"
     folder.mkdir()
