@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.experience.bucket_draw import choose_in_groups, gaussian_bucket_draw
-from exgrpo_pl.experience.rate_tiers import check_rate_range, tier_of
-from exgrpo_pl.validation import check_number
+from exgrpo_pl.experience.rate_tiers import centred_range, check_rate_range, tier_of
+from exgrpo_pl.validation import check_choice, check_numbers
 
 # tier_of and check_rate_range (exgrpo_pl.experience.rate_tiers), gaussian_bucket_draw and choose_in_groups
 # (exgrpo_pl.experience.bucket_draw) are importable from here, where they were defined before.
@@ -111,17 +111,12 @@ class DifficultyBucketer:
             raise ValueError(
                 f"DifficultyBucketer retire_from must be one of {[*RETIRE_FROM, None]}, got {retire_from!r}"
             )
-        if all_wrong_groups not in ALL_WRONG_GROUPS:
-            raise ValueError(
-                f"DifficultyBucketer all_wrong_groups must be one of {list(ALL_WRONG_GROUPS)}, got "
-                f"{all_wrong_groups!r}"
-            )
-        check_number("DifficultyBucketer", "window_size", window_size, 1, integer=True)
-        check_number("DifficultyBucketer", "correct_threshold", correct_threshold)
-        check_number("DifficultyBucketer", "min_retire_group", min_retire_group, 1, integer=True)
-        check_number(
-            "DifficultyBucketer", "readmit_after_epochs", readmit_after_epochs, 1, integer=True, optional=True
-        )
+        check_choice("DifficultyBucketer", "all_wrong_groups", all_wrong_groups, ALL_WRONG_GROUPS)
+        check_numbers("DifficultyBucketer", locals(), {
+            "window_size": {"low": 1, "integer": True}, "correct_threshold": {},
+            "min_retire_group": {"low": 1, "integer": True},
+            "readmit_after_epochs": {"low": 1, "integer": True, "optional": True},
+        })  # fmt: skip
         if readmit_after_epochs is not None and retire_from != "buffer_and_stream":
             raise ValueError(
                 f"DifficultyBucketer readmit_after_epochs={readmit_after_epochs} needs "
@@ -210,20 +205,15 @@ class DifficultyBucketer:
         groups: dict[int, list[bool]] = {}
         for q, c in zip(qids, correct, strict=True):
             groups.setdefault(q, []).append(c)
-        if self.all_wrong_groups == "keep_last":
-            groups = {
-                q: outcomes
-                for q, outcomes in groups.items()
-                if len(outcomes) < self.min_retire_group or any(outcomes)
-            }
+        if self.all_wrong_groups == "keep_last":  # the paper's code skips a group with no correct rollout
+            groups = {q: o for q, o in groups.items() if len(o) < self.min_retire_group or any(o)}
         self._add_questions([q for q in groups if q not in self._index])
         cols = self._cols
         if domains is not None:
             last_domain = dict(zip(qids, domains, strict=True))  # a question keeps the last one seen
             for q, d in last_domain.items():
-                if q not in groups:  # a skipped all-wrong group ("keep_last") changes nothing of its question
-                    continue
-                cols["domain"][self._index[q]] = self._domain_code(d)
+                if q in groups:  # a skipped all-wrong group ("keep_last") changes nothing of its question
+                    cols["domain"][self._index[q]] = self._domain_code(d)
         retired_now = []
         for q, outcomes in groups.items():
             i = self._index[q]
@@ -351,13 +341,9 @@ class DifficultyBucketer:
     def medium_range(
         self, base: tuple[float, float] = (0.3, 0.7), adaptive: bool = False
     ) -> tuple[float, float]:
-        """The rate range that counts as medium difficulty.
-
-        Non-adaptive, this is `base`. Adaptive (the seed's "adjust medium-difficulty bounds based on buffer
-        statistics"), the range keeps the width of `base` but is centred on the median rate of the known,
-        non-retired questions with 0 < rate < 1, then shifted as little as needed to lie inside [0, 1]. The
-        median follows the policy: as it improves, "medium" moves up with it. Questions at rate 0 or 1 are
-        left out of the median because they carry no GRPO signal. Without such questions, `base` is returned.
+        """The rate range that counts as medium difficulty: `base`, or with `adaptive` (the seed's "adjust
+        medium-difficulty bounds based on buffer statistics") `base`'s width centred on the median rate of
+        the known, non-retired questions (`exgrpo_pl.experience.rate_tiers.centred_range`).
 
         Args:
             base: (low, high) with 0 <= low <= high <= 1.
@@ -366,13 +352,7 @@ class DifficultyBucketer:
         low, high = check_rate_range(base, "base")
         if not adaptive:
             return low, high
-        rates = self._col("rate")[~self._col("retired")]
-        rates = rates[(rates > 0) & (rates < 1)]
-        if rates.size == 0:
-            return low, high
-        half = (high - low) / 2
-        centre = min(max(float(np.median(rates)), half), 1.0 - half)
-        return centre - half, centre + half
+        return centred_range(self._col("rate")[~self._col("retired")], low, high)
 
     def state_dict(self) -> dict:
         """Columnar state (tensors, lists of str, primitives); loads with `torch.load(weights_only=True)`."""

@@ -6,6 +6,7 @@ from `exgrpo_pl.experience.difficulty` too. Plain PyTorch, no Lightning.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -46,3 +47,16 @@ def check_rate_range(value: tuple[float, float], name: str) -> tuple[float, floa
     if not 0.0 <= low <= high <= 1.0:
         raise ValueError(f"{name} must satisfy 0 <= low <= high <= 1, got {value!r}")
     return low, high
+
+
+def centred_range(rates: np.ndarray, low: float, high: float) -> tuple[float, float]:
+    """(low, high)'s width centred on the median of the `rates` strictly between 0 and 1, then shifted as
+    little as needed to lie inside [0, 1]; (low, high) itself when there are none. The median follows the
+    policy: as it improves, "medium" moves up with it. Rates of 0 or 1 are left out because such questions
+    carry no GRPO signal."""
+    rates = rates[(rates > 0) & (rates < 1)]
+    if rates.size == 0:
+        return low, high
+    half = (high - low) / 2
+    centre = min(max(float(np.median(rates)), half), 1.0 - half)
+    return centre - half, centre + half

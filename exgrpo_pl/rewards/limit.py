@@ -73,7 +73,7 @@ def in_worker(
         RewardNotSendableError: the call cannot be pickled here, or unpickled there.
         RewardTimeoutError: the call ran past `timeout` (the worker was killed); names every function.
         RuntimeError: the worker process died during the call.
-        Whatever the call raised, with the worker's traceback as its cause.
+        Exception: whatever the call raised, with the worker's traceback as its cause.
     """
     global _worker
     name = " / ".join(names)
@@ -122,7 +122,7 @@ def gather(
     Raises:
         RewardTimeoutError: naming the first function past the limit (every limited one when the worker had
             to be killed).
-        Whatever a function raised (the first in order), and see `in_worker`.
+        Exception: whatever a function raised (the first in order), and see `in_worker`.
     """
     scores: dict[str, Any] = {}
     here = [(name, fn) for name, fn in named if not runs_in_worker(fn, timeout_seconds)]

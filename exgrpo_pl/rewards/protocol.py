@@ -81,7 +81,7 @@ def call(fn: Callable[..., Any], kwargs: dict[str, Any], log: RewardLog | None =
 
     Returns:
         `(scores, metrics, extra)`: what `fn` returned and what it logged, as plain containers that can
-        travel back from the worker process.
+            travel back from the worker process.
     """
     log = RewardLog() if log is None else log
     scores = fn(**kwargs, log_extra=log.log_extra, log_metric=log.log_metric)
@@ -108,7 +108,7 @@ def gather(
 
     Returns:
         `(outcomes, metrics, extra)`: per function, in order, `("ok", scores)`, `("raised", (exception or
-        None where it cannot be pickled, traceback text))` or `("timed out", None)`; and what they logged.
+            None where it cannot be pickled, traceback text))` or `("timed out", None)`; and what they logged.
     """
     log = RewardLog() if log is None else log
     outcomes: list[tuple[str, Any]] = []

@@ -156,7 +156,8 @@ class WorkerProcess:
             function: a callable cloudpickle can send (a module's function or class instance goes by
                 reference, and its module is imported there; a `__main__` or local function goes by value),
                 or a `(path, name)` pair naming a function of a stdlib-only file.
-            args, kwargs: its arguments, sent the same way.
+            args: its positional arguments, sent the same way.
+            kwargs: its keyword arguments, sent the same way.
             timeout: the limit; a call that runs over kills the worker.
 
         Returns:

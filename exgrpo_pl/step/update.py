@@ -82,8 +82,9 @@ class PolicyUpdate:
 
         Returns:
             Detached statistics: loss, clip_ratio, is_weight, kl, grad_norm, nonfinite_steps; loss is NaN when
-            the update was skipped. Under data parallelism the loss is this rank's share of the whole batch's
-            loss times the number of ranks (`LossNormaliser`): its mean over the ranks is the batch's loss.
+                the update was skipped. Under data parallelism the loss is this rank's share of the whole
+                batch's loss times the number of ranks (`LossNormaliser`): its mean over the ranks is the
+                batch's loss.
         """
         hp = self.hparams
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
