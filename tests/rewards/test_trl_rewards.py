@@ -81,9 +81,12 @@ def run(tmp_path, model_dir, mode, reward_funcs=None):
     funcs = reward_funcs or [accuracy_reward, think_format_reward]
     module = tiny_module(model_dir, reward_funcs=funcs, num_generations=K)
     data = PromptDataModule(train_path=str(path), batch_size=4, val_fraction=0.0)
-    replay = ReplayCallback(
-        mode=mode, replay=SelectiveReplay("uniform", replay_probability=1.0), min_buffer_size=1
+    # Any stored row replays (the tiny policy rarely answers right): these tests are about what a replayed
+    # row carries to the rewards, not which rows replay.
+    anything = SelectiveReplay(
+        "uniform", replay_probability=1.0, replayed_trajectories="any_stored_including_incorrect"
     )
+    replay = ReplayCallback(mode=mode, replay=anything, min_buffer_size=1)
     rollouts = Rollouts()
     trainer = Trainer(
         max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
