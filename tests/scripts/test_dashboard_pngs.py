@@ -78,3 +78,18 @@ def test_the_script_draws_every_picture_from_a_run_of_the_current_code(tmp_path,
 def test_the_pages_pictures_are_in_the_repository(name):
     assert f"](dashboards/{name})" in (ROOT / "docs" / "dashboards.md").read_text()
     assert (PICTURES / name).stat().st_size > 0
+
+
+def test_the_pictures_are_of_the_readmes_quickstart_run():
+    """docs/dashboards/run.json, written with the pictures, holds the validation curve of the run they were
+    drawn from: the README's first quickstart sentence (portable kernels), which scripts/check_quickstart.py
+    holds to the current code, so the pictures are of a run of the current code."""
+    run = json.loads((PICTURES / "run.json").read_text())
+    claim = load("check_quickstart").readme_claim(native=False)
+    curve = run["val/pass@1"]
+    step, best = max(curve[1:], key=lambda point: point[1])
+    assert run["command"].startswith(
+        "ATEN_CPU_CAPABILITY=default exgrpo fit --config configs/quickstart.yaml"
+    )
+    assert (round(curve[0][1], 3), round(curve[-1][1], 3)) == (claim["start"], claim["final"])
+    assert (round(best, 3), step) == (claim["best"], claim["step"])
