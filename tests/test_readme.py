@@ -16,6 +16,7 @@ Anything else fails `test_every_number_in_the_readme_has_a_source`, which names 
 import json
 import re
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -91,6 +92,21 @@ def _yardstick_headline() -> str:
     return " ".join(parts)
 
 
+def _per_fresh_question() -> str:
+    """H7's comparisons (benchmarks/hypotheses.py) as the README states them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other by name
+    from hypotheses import HYPOTHESES, decide
+
+    (h7,) = (h for h in decide(results("learning_yardstick.json")["runs"]) if h["name"] == "H7")
+    seeds = next(h.seeds for h in HYPOTHESES if h.name == "H7")
+    found = {row["task"]: next(iter(row["intervals"].values())) for row in h7["comparisons"]}
+    text = {task: f"{mean:+.1f} ± {half:.1f}" for task, (mean, half) in found.items()}
+    return (
+        f"tested over {seeds} seeds, per fresh question the recommended preset ends {text['small_pool']} "
+        f"points from GRPO on the small pool and {text['arithmetic']} on arithmetic"
+    )
+
+
 # (the command that writes the results file, the README's text rendered from the file)
 FROM_RESULTS: list[tuple[str, Callable[[], str]]] = [
     ("python benchmarks/resume_exact.py", _resume_cases),
@@ -98,6 +114,7 @@ FROM_RESULTS: list[tuple[str, Callable[[], str]]] = [
     ("python benchmarks/learning.py --jobs 2", _learning_headline),
     ("python benchmarks/learning.py --jobs 2 --tasks reasoning", _quickstart_seeds),
     ("python benchmarks/learning_yardstick.py --jobs 2 --tasks reasoning", _yardstick_headline),
+    ("python benchmarks/hypotheses.py", _per_fresh_question),
 ]
 
 # (the command, a pattern of the sentence whose numbers it produces)
