@@ -428,6 +428,8 @@ def test_a_column_named_like_an_argument_from_the_trainer_is_an_error():
 
     with pytest.raises(ValueError, match="column 'completions' has the name of an argument reward functions"):
         compute_rewards([count], None, ["10+3="], ["4"], {"completions": ["13"]})
+
+
 # ---------------------------------------------------------------------------- TRL's whole protocol
 IDS = [[5, 6], [7], [8, 9, 10]]
 STATE = types.SimpleNamespace(global_step=4, epoch=1.5, max_steps=8)
