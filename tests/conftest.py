@@ -2,6 +2,9 @@
 and the tiny GRPO module most Trainer tests train; the verl-layout sample file and a tiny model that reads
 it; `is_gone` for tests of worker processes; a CPU stand-in for Lightning's DeepSpeed strategy."""
 
+import builtins
+import errno
+import io
 import os
 import sys
 from pathlib import Path
@@ -91,3 +94,38 @@ def verl_model_dir(tmp_path_factory):
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+class FillsTheDisk:
+    """A file open for writing on a disk that fills up: a write stores half its bytes, then fails."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.file.__exit__(*exc)
+
+    def write(self, data):
+        self.file.write(data[: len(data) // 2])
+        self.file.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def fill_the_disk_for(monkeypatch, name: str) -> None:
+    """Files opened for writing whose name holds `name` (temp files named after it too) find the disk full,
+    however they are opened (`open`, `Path.write_text`)."""
+    real_open = io.open
+
+    def opens(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        writes = any(flag in mode for flag in "wxa")
+        return FillsTheDisk(handle) if writes and name in os.path.basename(os.fspath(file)) else handle
+
+    monkeypatch.setattr(io, "open", opens)
+    monkeypatch.setattr(builtins, "open", opens)

@@ -1,9 +1,6 @@
 """The `exgrpo` command: fit, validate and test run end to end on a tiny model and say where things are;
 checkpoints are kill-proof by default, saved when a run stops and found by `--ckpt_path last`."""
 
-import builtins
-import errno
-import io
 import json
 import os
 import sys
@@ -11,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import fill_the_disk_for
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import DeepSpeedStrategy
@@ -219,41 +217,6 @@ def test_after_the_removal_an_old_path_in_a_config_is_a_short_error(tiny_args, t
         *old_path_lines(config, f"the old path was removed in exgrpo-pl {REMOVED_IN}"),
     ]
     assert not (tmp_path / "lightning_logs").exists()
-
-
-class FillsTheDisk:
-    """A file open for writing on a disk that fills up: a write stores half its bytes, then fails."""
-
-    def __init__(self, file):
-        self.file = file
-
-    def __getattr__(self, name):
-        return getattr(self.file, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return self.file.__exit__(*exc)
-
-    def write(self, data):
-        self.file.write(data[: len(data) // 2])
-        self.file.flush()
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-
-def fill_the_disk_for(monkeypatch, name: str) -> None:
-    """Files opened for writing whose name holds `name` (temp files named after it too) find the disk full,
-    however they are opened (`open`, `Path.write_text`)."""
-    real_open = io.open
-
-    def opens(file, mode="r", *args, **kwargs):
-        handle = real_open(file, mode, *args, **kwargs)
-        writes = any(flag in mode for flag in "wxa")
-        return FillsTheDisk(handle) if writes and name in os.path.basename(os.fspath(file)) else handle
-
-    monkeypatch.setattr(io, "open", opens)
-    monkeypatch.setattr(builtins, "open", opens)
 
 
 @pytest.mark.parametrize("full", ["test.json", "test.md", "config.yaml"])

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_module
+from conftest import fill_the_disk_for, tiny_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from exgrpo_pl.checkpoints import atomic_writes
 from exgrpo_pl.checkpoints.saving import (
     TEMP_NAME,
     AtomicCheckpointIO,
@@ -465,32 +464,7 @@ def test_files_written_together_are_all_replaced_or_none_is(tmp_path, monkeypatc
     paths = [tmp_path / "test.json", tmp_path / "test.md"]
     for path in paths:
         path.write_text(f"previous {path.name}")
-    written = []
-
-    class FillsTheDisk:
-        """The second temp file written finds the disk full after writing part of its bytes."""
-
-        def __init__(self, file):
-            self.file = file
-
-        def __getattr__(self, name):
-            return getattr(self.file, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return self.file.__exit__(*exc)
-
-        def write(self, data):
-            written.append(data)
-            if len(written) == 2:
-                self.file.write(data[:7])
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return self.file.write(data)
-
-    # The module's `open`, shadowing the builtin there only.
-    monkeypatch.setattr(atomic_writes, "open", lambda *args: FillsTheDisk(open(*args)), raising=False)
+    fill_the_disk_for(monkeypatch, "test.md")  # test.md and its temp file find the disk full
     with pytest.raises(OutOfSpaceError, match=r"No space left to write .*test\.md: it needs at least"):
         write_files_atomically({paths[0]: '{"new": 1}\n', paths[1]: "| new |\n"})
     monkeypatch.undo()
