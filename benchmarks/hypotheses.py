@@ -1,12 +1,15 @@
 """The learning page's hypotheses, decided by the rule written before their runs (docs/learning.md, "Deferred
-questions and a weak start: written before the runs" for H1-H4, "Ten seeds: written before the runs" for H7).
+questions and a weak start: written before the runs" for H1-H4, "Ten seeds: written before the runs" for H7,
+"Replay that displaces nothing, and the paper's rule for all-wrong groups: written before the runs" for H5, H6
+and H8).
 
 A comparison is the difference between two variants in points, paired by seed, with its 95% Student-t
 interval, on the deciding figures: the final val pass@1 at T = 1 and in-distribution avg@4 at T = 0.6 (H4:
 the T = 1 curve at equal fresh questions). "A at or above B" holds when every lower bound is above -1 point,
 fails when an upper bound is below 0, and is undecided otherwise; "A above B" the same with 0 for -1. A
 hypothesis of several comparisons holds when all hold, fails when one fails, and is undecided otherwise; one
-whose runs are missing is "not measured".
+whose runs are missing is "not measured". A hypothesis that also asks for "above on at least one" (H6) is
+undecided while every comparison holds but none is above.
 
     python benchmarks/hypotheses.py      # the verdicts of benchmarks/results/learning_yardstick.json
 """
@@ -32,6 +35,7 @@ class Hypothesis:
     comparisons: tuple[tuple[str, str, str], ...]  # (task, variant A, variant B)
     deciding: tuple[str, ...] = DECIDING
     seeds: int = SEEDS  # reads seeds 0 .. seeds-1: later seeds leave an earlier verdict as it was
+    above_on_one: bool = False  # also: some comparison ends "above" (every deciding lower bound above 0)
 
 
 HYPOTHESES = (
@@ -65,6 +69,22 @@ HYPOTHESES = (
         tuple((task, "ExGRPO recommended", "GRPO") for task in ("arithmetic", "small_pool")),
         (EQUAL_FRESH,),
         10,
+    ),
+    Hypothesis(
+        "H5", "with join, the recommended preset ends above GRPO on the small pool (10 seeds)", "above",
+        (("small_pool", "recommended, join", "GRPO"),), seeds=10,
+    ),
+    Hypothesis(
+        "H6", "with refill, the recommended preset ends at or above GRPO on every task and above it on one "
+        "(10 seeds)", "at or above", tuple((task, "recommended, refill", "GRPO") for task in TASKS),
+        seeds=10, above_on_one=True,
+    ),
+    Hypothesis(
+        "H8",
+        "with the paper's rule for all-wrong groups, the recommended preset ends at or above itself with "
+        "today's rule on every task",
+        "at or above",
+        tuple((task, "recommended, all-wrong keeps last bucket", "ExGRPO recommended") for task in TASKS),
     ),
 )  # fmt: skip
 
@@ -112,9 +132,16 @@ def decide(runs: dict, hypotheses: tuple[Hypothesis, ...] = HYPOTHESES) -> list[
         overall = next(
             (v for v in ("fails", "not measured", "undecided") if v in verdicts), "holds"
         )  # one failure decides; a missing comparison keeps the rest from deciding "holds"
+        if overall == "holds" and hypothesis.above_on_one and not any(above(row) for row in rows):
+            overall = "undecided"
         decided.append({"name": hypothesis.name, "claim": hypothesis.claim, "comparisons": rows,
                         "verdict": overall})  # fmt: skip
     return decided
+
+
+def above(row: dict) -> bool:
+    """Whether a comparison's A ends above its B: every deciding lower bound above 0."""
+    return verdict(list(row["intervals"].values()), "above") == "holds"
 
 
 def recommended_takes_defer(decided: list[dict]) -> bool:
@@ -122,9 +149,7 @@ def recommended_takes_defer(decided: list[dict]) -> bool:
     discarding (lower bound above 0 on every deciding figure) on at least one task."""
     h1 = next(h for h in decided if h["name"] == "H1")
     own = [row for row in h1["comparisons"] if row["a"] == "recommended, deferred"]
-    return all(row["verdict"] == "holds" for row in own) and any(
-        verdict(list(row["intervals"].values()), "above") == "holds" for row in own
-    )
+    return all(row["verdict"] == "holds" for row in own) and any(above(row) for row in own)
 
 
 def verdict_table(decided: list[dict]) -> str:

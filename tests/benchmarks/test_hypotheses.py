@@ -96,3 +96,14 @@ def test_a_hypothesis_reads_only_its_own_seeds():
     mean, _ = paired(runs, "t", "A", "B", DECIDING[0], seeds=10)
     assert mean == pytest.approx(-24.5)  # (5 x +1 + 5 x -50) / 10
     assert paired(runs_of("t", A=[0.5] * 9, B=[0.4] * 9), "t", "A", "B", DECIDING[0], seeds=10) is None
+
+
+def test_a_hypothesis_that_asks_for_above_on_one_task_is_undecided_while_every_task_is_only_level():
+    level = dict(A=[0.505, 0.495, 0.51, 0.49, 0.50], B=[0.50] * 5)  # +0.0 ± 1.0: at or above, not above
+    ahead = dict(A=[0.53, 0.52, 0.54, 0.53, 0.52], B=[0.50] * 5)  # +2.8 ± 1.0: above
+    runs = {**runs_of("one", **level), **runs_of("two", **level)}
+    both_tasks = (("one", "A", "B"), ("two", "A", "B"))
+    h6 = Hypothesis("H", "A at or above B, above on one", "at or above", both_tasks, above_on_one=True)
+    assert [row["verdict"] for row in decide(runs, (h6,))[0]["comparisons"]] == ["holds", "holds"]
+    assert decide(runs, (h6,))[0]["verdict"] == "undecided"
+    assert decide({**runs, **runs_of("two", **ahead)}, (h6,))[0]["verdict"] == "holds"
