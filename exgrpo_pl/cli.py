@@ -228,6 +228,14 @@ def _argument_texts(args) -> Iterator[tuple[str, str]]:
         yield (str(path), text) if text is not None else ("argument", arg)
 
 
+DESCRIPTION = "exgrpo-pl: GRPO with selective experience replay (ExGRPO), on Lightning's Trainer."
+# `export` is not a Trainer method, so it is dispatched before LightningCLI and missing from its subcommands.
+EXPORT_HINT = (
+    "One more subcommand: `exgrpo export --ckpt_path X.ckpt --out DIR` writes a checkpoint's policy as a "
+    "Hugging Face model folder (`exgrpo export --help`)."
+)
+
+
 def main(args=None) -> None:
     argv = sys.argv[1:] if args is None else args
     if isinstance(argv, list | tuple) and list(argv[:1]) == ["export"]:  # not a Trainer subcommand
@@ -239,6 +247,7 @@ def main(args=None) -> None:
         save_config_callback=AtomicSaveConfigCallback,
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,
+        parser_kwargs={"description": DESCRIPTION, "epilog": EXPORT_HINT},
         args=args,
     )
 

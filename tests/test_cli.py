@@ -53,6 +53,13 @@ def test_validate_and_test_report_pass_at_1(tiny_args, subcommand, metric, capsy
     assert metric in capsys.readouterr().out
 
 
+def test_help_lists_export_beside_the_trainer_subcommands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "fit" in help_text and "exgrpo export --ckpt_path X.ckpt --out DIR" in help_text
+
+
 def _cli(tiny_args, *extra, run=False):
     args = ["fit", *tiny_args, *extra] if run else [*tiny_args, *extra]
     return ExGRPOCLI(ExGRPOModule, PromptDataModule, run=run, args=args)
