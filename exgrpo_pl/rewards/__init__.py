@@ -13,7 +13,7 @@ from exgrpo_pl.rewards.base import (
     compute_rewards,
     reward_name,
 )
-from exgrpo_pl.rewards.by_source import RewardBySource
+from exgrpo_pl.rewards.by_source import AsyncRewardBySource, RewardBySource
 from exgrpo_pl.rewards.exact_match import ExactMatchReward
 from exgrpo_pl.rewards.format import FormatReward
 from exgrpo_pl.rewards.limit import RewardNotSendableError, RewardTimeoutError
@@ -26,6 +26,7 @@ __all__ = [
     "REWARD_KEYWORDS",
     "AnswerReward",
     "ArithmeticReward",
+    "AsyncRewardBySource",
     "ExactMatchReward",
     "FormatReward",
     "MathVerifyReward",

@@ -8,11 +8,13 @@ multiple-choice science) in one file, told apart by their `data_source` column.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from exgrpo_pl.rewards.base import Completion, Prompt, reward_name
+from exgrpo_pl.rewards.protocol import is_async
 
 _UNKNOWN = object()  # `_function_of`: the source has no function and there is no default
 
@@ -76,6 +78,9 @@ class RewardBySource:
 
     Majority voting (maj@k) reads each row's answer with its source's function (`extract_answer`).
 
+    With an `async def` function among them, the instance is an `AsyncRewardBySource`, itself awaited by
+    `compute_rewards` with the step's other async functions: it awaits its async functions concurrently.
+
     Args:
         rewards: source -> the reward function scoring that source's rows, or None for no score. An integer
             source is its text (`source_key`): the key `7` routes the rows whose source is 7 or "7".
@@ -88,6 +93,18 @@ class RewardBySource:
         TypeError: on a reward function that is not callable.
         ValueError: on no reward functions at all, or two sources that are the same as text (`7` and "7").
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> RewardBySource:
+        # Whether a call must be awaited is a property of the class (TRL's `is_async_callable` reads
+        # `type(fn).__call__`), so routing to an async function makes the instance the async class.
+        rewards = kwargs.get("rewards", args[0] if args else {})
+        default = kwargs.get("default", args[1] if len(args) > 1 else None)
+        functions = [*getattr(rewards, "values", list)(), default]
+        if cls is RewardBySource and any(
+            fn is not None and callable(fn) and is_async(fn) for fn in functions
+        ):
+            cls = AsyncRewardBySource
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -137,6 +154,11 @@ class RewardBySource:
                 of scores.
             TypeError: when a function returns something that is not a sequence of scores.
         """
+        calls = self._calls(prompts, completions, columns)
+        return self._scores(len(completions), calls, [fn(**kwargs) for fn, _, _, kwargs in calls])
+
+    def _calls(self, prompts: list[Prompt], completions: list[Completion], columns: dict[str, Any]) -> list:
+        """One call per function: `(function, its rows, their sources, its keyword arguments)`."""
         if self.column not in columns:
             raise ValueError(
                 f"reward function {self.name!r} routes rows by the {self.column!r} column, which the batch"
@@ -152,7 +174,6 @@ class RewardBySource:
         # Rows grouped by the function that scores them, keyed by identity: one call per function.
         routes: dict[int, tuple[Callable[..., Any], list[int], list[Any]]] = {}
         unknown: dict[Any, list[int]] = {}
-        scores: list[float | None] = [None] * n
         for row, source in enumerate(sources):
             fn = self._function_of(source)
             if fn is _UNKNOWN:
@@ -171,8 +192,20 @@ class RewardBySource:
                 f" its sources: {sorted(map(str, self.rewards))}"
             )
         batch = {"prompts": prompts, "completions": completions, **columns}
-        for fn, rows, routed in routes.values():
-            result = fn(**{key: [v[i] for i in rows] if _per_row(v, n) else v for key, v in batch.items()})
+        return [
+            (
+                fn,
+                rows,
+                routed,
+                {key: [v[i] for i in rows] if _per_row(v, n) else v for key, v in batch.items()},
+            )
+            for fn, rows, routed in routes.values()
+        ]
+
+    def _scores(self, n: int, calls: list[tuple], results: list[Any]) -> list[float | None]:
+        """Each call's scores put back in their rows, checked."""
+        scores: list[float | None] = [None] * n
+        for (fn, rows, routed, _), result in zip(calls, results):
             where = f"reward function {reward_name(fn)!r} (of {self.name!r}, sources {routed})"
             if isinstance(result, (str, bytes)) or not hasattr(result, "__len__"):
                 raise TypeError(f"{where} returned {type(result).__name__}, not one score per completion")
@@ -213,3 +246,21 @@ class RewardBySource:
                 f" its sources: {sorted(map(str, self.rewards))}"
             )
         return None if fn is None else extract_answer(fn, completion, columns)
+
+
+class AsyncRewardBySource(RewardBySource):
+    """`RewardBySource` routing to at least one `async def` function (`RewardBySource(...)` returns one): its
+    call is awaited, and awaits its async functions concurrently; the others are called directly."""
+
+    async def __call__(
+        self, prompts: list[Prompt], completions: list[Completion], **columns: Any
+    ) -> list[float | None]:
+        """Scores each row with its source's reward function (see `RewardBySource.__call__`)."""
+        calls = self._calls(prompts, completions, columns)
+
+        async def score(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+            result = fn(**kwargs)
+            return await result if inspect.isawaitable(result) else result
+
+        results = await asyncio.gather(*(score(fn, kwargs) for fn, _, _, kwargs in calls))
+        return self._scores(len(completions), calls, list(results))

@@ -8,8 +8,9 @@ import pickle
 import pytest
 
 from exgrpo_pl.rewards import compute_rewards, limit
-from exgrpo_pl.rewards.by_source import RewardBySource, extract_answer
+from exgrpo_pl.rewards.by_source import AsyncRewardBySource, RewardBySource, extract_answer
 from exgrpo_pl.rewards.multiple_choice import MultipleChoiceReward
+from exgrpo_pl.rewards.protocol import is_async
 
 # Run in the worker process, these are pickled by reference: module-level, importable by this module's name.
 
@@ -208,3 +209,19 @@ def test_reading_an_answer_needs_the_routing_column_and_a_function():
         router.extract_answer("x = 1", answer="1")
     with pytest.raises(ValueError, match="no reward function for source 'gpqa'"):
         router.extract_answer("x = 1", domain="gpqa")
+
+
+async def async_half(prompts, completions, **columns):
+    return [0.5] * len(completions)
+
+
+def test_an_async_function_among_the_sources_is_awaited_with_the_steps_other_async_rewards():
+    """Before, the router called an `async def` function and failed on the coroutine it got back."""
+    router = RewardBySource({"gpqa": MultipleChoiceReward()}, default=async_half)
+    assert isinstance(router, AsyncRewardBySource) and is_async(router)
+    assert not is_async(RewardBySource({"gpqa": MultipleChoiceReward()}, default=half))
+    columns = {"domain": COLUMNS["domain"], "answer": ["x", "A", "x", "x", "B"]}
+    completions = ["c", "\\boxed{A}", "c", "c", "\\boxed{C}"]
+    total, _ = compute_rewards([router], None, PROMPTS, completions, columns)
+    assert total.tolist() == [0.5, 1.0, 0.5, 0.5, 0.0]
+    assert pickle.loads(pickle.dumps(router)).rewards.keys() == {"gpqa"}  # it travels to the worker
