@@ -837,7 +837,7 @@ def main() -> None:
             started = time.monotonic()
             outcome, detail, run = probe(Path(directory))
             seconds = time.monotonic() - started
-        print(f"{name:<34} {outcome:<12} {seconds:5.0f} s  {detail}", flush=True)
+        print(f"{name:<40} {outcome:<12} {seconds:5.0f} s  {detail}", flush=True)
         tail = run.get("output", "")[-3000:]
         kept[name] = {
             "probe": name, "outcome": outcome, "seconds": round(seconds, 1), "detail": detail, "tail": tail
