@@ -1,13 +1,16 @@
 """Replays, as a hostile user would, the failures of issue 19's items 2, 3, 5 and 6, of issue 29's items
-1-4 (the probes named "29.<item> ...") and of issue 37's items 1-11 ("37.<item> ...") through `exgrpo fit`
-(and `exgrpo validate`; the probes of the data and reward layers call them in this process).
+1-4 (the probes named "29.<item> ...") and of issue 37's items 1-19 ("37.<item> ...") through `exgrpo fit`
+(and `exgrpo validate` and `exgrpo test`; the probes of the data and reward layers call what they call, in
+this process).
 
 Each probe runs the quickstart (cut to a few steps) with one hostile change and prints one line: its
-outcome ("clear error": the run stops with a message that names the file, option or function; "works": the
-run does the right thing; "FAILED" otherwise), the seconds it took and the evidence. Writes
-results/hostile_probes.json. The full-disk probes mount a small tmpfs and need root; without it they say so.
+outcome ("clear error": the run stops with a message that names the file, option or function; "clear
+warning": it runs and a warning names it; "works": the run does the right thing; "FAILED" otherwise), the
+seconds it took and the evidence. Writes results/hostile_probes.json and prints its outcomes as
+docs/reliability.md shows them. The full-disk probes mount a small tmpfs and need root; without it they say
+so. The seconds in the results file add up to about half an hour on 2 shared cores.
 
-    python benchmarks/hostile_probes.py              # all probes, about 10 minutes on 2 cores
+    python benchmarks/hostile_probes.py              # all probes
     python benchmarks/hostile_probes.py --only url   # the probes whose name contains "url"
     python benchmarks/hostile_probes.py --only 29.   # issue 29's probes
 """
@@ -15,6 +18,7 @@ results/hostile_probes.json. The full-disk probes mount a small tmpfs and need r
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import http.server
@@ -35,7 +39,7 @@ import torch
 
 # The tests' helpers: tests/checkpoints' modules import tests/conftest.py by name.
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests" / part) for part in ("checkpoints", "")]
-from test_checkpoint_integrity import WEIGHT, flip_exponent_bit  # noqa: E402
+from test_checkpoint_integrity import WEIGHT, ZERO2, deepspeed_folder, flip_exponent_bit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
@@ -80,13 +84,15 @@ class WritesMarker:
         return open, (self.marker, "w")
 
 
-def exgrpo(workdir: Path, *args: str, timeout: float = 600, signal_when: tuple | None = None) -> dict:
-    """Runs `exgrpo fit` with `args` in `workdir`; `signal_when=(ready, signum)` sends it `signum` 2 s after
-    `ready(process)` first returns True."""
+def exgrpo(
+    workdir: Path, *args: str, timeout: float = 600, signal_when: tuple | None = None, subcommand: str = "fit"
+) -> dict:
+    """Runs `exgrpo fit` (or `subcommand`) with `args` in `workdir`; `signal_when=(ready, signum)` sends it
+    `signum` 2 s after `ready(process)` first returns True."""
     env = {**os.environ, "PYTHONPATH": f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env["TMPDIR"] = str(workdir / "tmp")
     (workdir / "tmp").mkdir(exist_ok=True)
-    command = [sys.executable, "-m", "exgrpo_pl.cli", "fit", *QUICK, *args]
+    command = [sys.executable, "-m", "exgrpo_pl.cli", subcommand, *QUICK, *args]
     started = time.monotonic()
     process = subprocess.Popen(
         command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -569,6 +575,187 @@ def probe_resume_on_other_file(workdir: Path) -> tuple[str, str, dict]:
     return verdict(run["code"] != 0 and said in run["output"], "clear error"), last_error(run["output"]), run
 
 
+def probe_plain_state_dict(workdir: Path) -> tuple[str, str, dict]:
+    weights = workdir / "weights.pt"  # what `torch.save(model.state_dict(), ...)` writes
+    torch.save(torch.load(full_checkpoint(workdir), weights_only=True)["state_dict"], weights)
+    run = exgrpo(workdir, "--trainer.max_steps=1", f"--ckpt_path={weights}")
+    said = re.search(
+        r"NotALightningCheckpointError: .*weights\.pt: a plain state_dict \(\d+ tensors", run["output"]
+    )
+    built = (workdir / "lightning_logs").exists()
+    ok = run["code"] != 0 and said is not None and "model_name_or_path" in run["output"] and not built
+    return verdict(ok, "clear error"), f"built a run: {built}; {last_error(run['output'])}", run
+
+
+def probe_deepspeed_folder_without_model_states(workdir: Path) -> tuple[str, str, dict]:
+    # A ZeRO-2 folder's layout, marked complete, that lost the one file DeepSpeed loads the module from.
+    folder = workdir / "ds.ckpt"
+    deepspeed_folder(folder, [name for name in ZERO2 if name != "mp_rank_00_model_states.pt"])
+    run = exgrpo(workdir, "--trainer.max_steps=1", f"--ckpt_path={folder}")
+    said = "ds.ckpt: not a complete, intact checkpoint (checkpoint/mp_rank_00_model_states.pt is missing"
+    return verdict(run["code"] != 0 and said in run["output"], "clear error"), last_error(run["output"]), run
+
+
+def probe_huge_evaluation_set(workdir: Path) -> tuple[str, str, dict]:
+    path = write_jsonl(workdir / "set.jsonl", sums(4))
+    run = exgrpo_validate(workdir, f"--data.eval_sets={{huge: {{path: {path}, num_samples: 1000000}}}}")
+    ok = run["code"] != 0 and "eval_sets['huge'] num_samples=1000000: " in run["output"]
+    return verdict(ok, "clear error"), f"after {run['seconds']:.0f} s: {last_error(run['output'])}", run
+
+
+def probe_old_paths_in_a_cfg_file(workdir: Path) -> tuple[str, str, dict]:
+    config = workdir / "old.cfg"  # YAML, under a name that is not .yaml/.yml/.json
+    config.write_text("trainer:\n  plugins: exgrpo_pl.checkpointing.AtomicCheckpointIO\n")
+    run = exgrpo(workdir, "--trainer.max_steps=1", "--config", str(config))
+    said = f"{config}, line 2: exgrpo_pl.checkpointing.AtomicCheckpointIO: exgrpo_pl.checkpointing moved to"
+    ok = run["code"] == 0 and said in run["output"]
+    detail = f"named file and line: {said in run['output']}; {len(run['output'])} characters of output"
+    return verdict(ok, "clear warning"), detail, run
+
+
+def probe_setup_errors_alone(workdir: Path) -> tuple[str, str, dict]:
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2="}]
+    data = exgrpo(
+        workdir, "--trainer.max_steps=1", f"--data.train_path={write_jsonl(workdir / 'a.jsonl', rows)}"
+    )
+    checkpoint = torch.load(full_checkpoint(workdir), weights_only=True)
+    checkpoint["state_dict"][WEIGHT][0, 0] = float("inf")
+    torch.save(checkpoint, workdir / "inf.ckpt")
+    weights = exgrpo(workdir, "--trainer.max_steps=2", f"--ckpt_path={workdir / 'inf.ckpt'}")
+    stopped = [
+        name
+        for name, run in (("data", data), ("checkpoint", weights))
+        if "Training stopped at step" in run["output"]
+    ]
+    said = "a.jsonl: line 2: missing column 'answer'" in data["output"]
+    said &= "NonFiniteWeightsError: The weights restored from" in weights["output"]
+    ok = data["code"] != 0 and weights["code"] != 0 and said and not stopped
+    detail = f"'Training stopped at step' after: {stopped or 'neither'}; {last_error(data['output'])}"
+    return verdict(ok, "clear error"), detail, {"output": data["output"] + weights["output"]}
+
+
+def exgrpo_test(workdir: Path, disk: Path, *questions: int) -> dict:
+    """`exgrpo test` of the quickstart's untrained policy on a named set of each count of `questions`
+    (`set0`, `set1`, ...), its table (test.json, test.md) and config.yaml written into `disk`."""
+    sets = ", ".join(
+        f"set{i}: {{synthetic: {{class_path: exgrpo_pl.data.ReasoningTask, init_args: {{num_questions: {n},"
+        f" seed: {i}}}}}}}"
+        for i, n in enumerate(questions)
+    )
+    return exgrpo(
+        workdir, "--data.val_fraction=0", f"--data.eval_sets={{{sets}}}", "--trainer.logger=false",
+        f"--trainer.default_root_dir={disk}", subcommand="test",
+    )  # fmt: skip
+
+
+# A rerun's table (two sets of every family) is several pages longer than the first run's (one set of four
+# questions): rewritten in place, the previous file's pages it frees on a full disk do not hold it.
+RERUN = (64, 64)
+
+
+@contextlib.contextmanager
+def filled_when(disk: Path, ready: Callable[[], bool]):
+    """While the block runs, fills `disk` (a small tmpfs) to its last byte once `ready()` turns true."""
+    done = threading.Event()
+
+    def fill() -> None:
+        while not ready():
+            if done.wait(0.05):
+                return
+        with contextlib.suppress(OSError), open(disk / "ballast", "wb", buffering=0) as handle:
+            while handle.write(bytes(2**20)):  # until ENOSPC
+                pass
+
+    thread = threading.Thread(target=fill, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def replaced(path: Path) -> Callable[[], bool]:
+    """Whether `path` has been written anew since now, renamed over (a new inode) or rewritten in place (a new
+    modification time), and is not empty."""
+
+    def stamp() -> tuple[tuple[int, int], int]:
+        status = path.stat()
+        return (status.st_ino, status.st_mtime_ns), status.st_size
+
+    before = stamp()[0] if path.exists() else None
+
+    def ready() -> bool:
+        with contextlib.suppress(OSError):
+            now, size = stamp()
+            return now != before and size > 0
+        return False
+
+    return ready
+
+
+REPORT = ("test.json", "test.md")
+
+
+def leftovers(disk: Path) -> list[str]:
+    return sorted(p.name for p in disk.iterdir() if p.name.startswith("."))  # the atomic writer's temp files
+
+
+def probe_report_on_a_full_disk(workdir: Path) -> tuple[str, str, dict]:
+    with small_disk(workdir, "16M") as disk:
+        if disk is None:
+            return "not run", "mounting a tmpfs needs root", {}
+        with filled_when(disk, replaced(disk / "config.yaml")):  # full once the config is written
+            run = exgrpo_test(workdir, disk, 4)
+        named = re.search(rf"OutOfSpaceError: .*No space left to write {disk}/test\.(json|md)", run["output"])
+        left = {name: (disk / name).stat().st_size for name in REPORT if (disk / name).exists()}
+        temp = leftovers(disk)
+    ok = run["code"] != 0 and named is not None and not left and not temp
+    return (
+        verdict(ok, "clear error"),
+        f"report files left: {left}, temp files: {temp}; {last_error(run['output'])}",
+        run,
+    )
+
+
+def probe_rerun_report_on_a_full_disk(workdir: Path) -> tuple[str, str, dict]:
+    with small_disk(workdir, "16M") as disk:
+        if disk is None:
+            return "not run", "mounting a tmpfs needs root", {}
+        first = exgrpo_test(workdir, disk, 4)
+        assert first["code"] == 0, first["output"][-2000:]
+        previous = {name: (disk / name).read_bytes() for name in REPORT}
+        with filled_when(disk, replaced(disk / "config.yaml")):
+            run = exgrpo_test(workdir, disk, *RERUN)
+        kept = {name: (disk / name).read_bytes() == previous[name] for name in REPORT}
+        try:
+            whole = json.loads((disk / "test.json").read_text())["rows"]["set0"]["problems"] == 4
+        except ValueError:  # cut short: not JSON
+            whole = False
+        temp = leftovers(disk)
+    named = re.search(rf"No space left to write {disk}/test\.(json|md)", run["output"]) is not None
+    ok = run["code"] != 0 and named and all(kept.values()) and whole and not temp
+    detail = f"previous run's files kept: {kept}, test.json whole: {whole}, temp files: {temp}"
+    return verdict(ok, "clear error"), f"{detail}; {last_error(run['output'])}", run
+
+
+def probe_config_on_a_full_disk(workdir: Path) -> tuple[str, str, dict]:
+    with small_disk(workdir, "16M") as disk:
+        if disk is None:
+            return "not run", "mounting a tmpfs needs root", {}
+        first = exgrpo_test(workdir, disk, 4)
+        assert first["code"] == 0, first["output"][-2000:]
+        previous = (disk / "config.yaml").read_bytes()
+        with filled_when(disk, lambda: True):  # full from the start: the config is the first file written
+            run = exgrpo_test(workdir, disk, *RERUN)
+        kept = (disk / "config.yaml").read_bytes() == previous
+        temp = leftovers(disk)
+    named = f"No space left to write {disk}/config.yaml" in run["output"]
+    ok = run["code"] != 0 and named and kept and not temp
+    detail = f"previous config.yaml kept: {kept}, temp files: {temp}"
+    return verdict(ok, "clear error"), f"{detail}; {last_error(run['output'])}", run
+
+
 PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
     "2 url checkpoint payload": probe_url_payload,
     "2 local checkpoint payload": probe_local_payload,
@@ -630,7 +817,28 @@ PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
     "37.9 RewardBySource key 7, source 7": in_process(check_integer_source, "works"),
     "37.10 'Answer: I think it is B'": in_process(check_multiple_choice_pronoun, "works"),
     "37.11 resume on another training file": probe_resume_on_other_file,
+    "37.12 plain state_dict as --ckpt_path": probe_plain_state_dict,
+    "37.13 DeepSpeed folder, no model states": probe_deepspeed_folder_without_model_states,
+    "37.14 evaluation set, num_samples 10^6": probe_huge_evaluation_set,
+    "37.15 exgrpo test, disk full at report": probe_report_on_a_full_disk,
+    "37.16 old module path in a .cfg config": probe_old_paths_in_a_cfg_file,
+    "37.17 setup errors, no halfway warning": probe_setup_errors_alone,
+    "37.18 rerun's report on a full disk": probe_rerun_report_on_a_full_disk,
+    "37.19 rerun's config.yaml on a full disk": probe_config_on_a_full_disk,
 }
+
+
+def outcome_counts(results: list[dict]) -> str:
+    """How many of the probes in `results` ended in each outcome, as docs/reliability.md says it."""
+    counts = collections.Counter(result["outcome"] for result in results)
+    listed = ", ".join(f"{outcome} {count}" for outcome, count in counts.most_common())
+    return f"{len(results)} probes: {listed}"
+
+
+def markdown_table(results: list[dict]) -> str:
+    """Each probe's outcome in `results`, as docs/reliability.md shows it."""
+    lines = ["| probe | outcome |", "|---|---|"]
+    return "\n".join(lines + [f"| {result['probe']} | {result['outcome']} |" for result in results])
 
 
 def main() -> None:
@@ -648,13 +856,14 @@ def main() -> None:
             started = time.monotonic()
             outcome, detail, run = probe(Path(directory))
             seconds = time.monotonic() - started
-        print(f"{name:<34} {outcome:<12} {seconds:5.0f} s  {detail}", flush=True)
+        print(f"{name:<40} {outcome:<12} {seconds:5.0f} s  {detail}", flush=True)
         tail = run.get("output", "")[-3000:]
         kept[name] = {
             "probe": name, "outcome": outcome, "seconds": round(seconds, 1), "detail": detail, "tail": tail
         }  # fmt: skip
     results = [kept[name] for name in PROBES if name in kept]  # in the probes' order
     path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\n{path}: {outcome_counts(results)}\n{markdown_table(results)}")
 
 
 if __name__ == "__main__":

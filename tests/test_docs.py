@@ -1,6 +1,6 @@
 """The documentation pages' tables of results are the results files' (docs/learning.md from learning.json and
-learning_yardstick.json, docs/reliability.md from resume_exact.json, docs/performance.md's quickstart row from
-quickstart_speed.json)."""
+learning_yardstick.json, docs/reliability.md from resume_exact.json and hostile_probes.json,
+docs/performance.md's quickstart row from quickstart_speed.json)."""
 
 import json
 import sys
@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import hostile_probes  # noqa: E402
 import resume_exact  # noqa: E402
 from learning import markdown_table, presets_table  # noqa: E402
 from learning_yardstick import table as yardstick_table  # noqa: E402
@@ -35,6 +36,20 @@ def test_the_reliability_page_shows_the_resume_table_of_the_results_file():
         "docs/reliability.md should show benchmarks/results/resume_exact.json as benchmarks/resume_exact.py "
         "prints it:\n" + table
     )
+
+
+def test_the_reliability_page_shows_every_probe_of_the_hostile_probes_results_file():
+    results = json.loads((ROOT / "benchmarks" / "results" / "hostile_probes.json").read_text())
+    assert [result["probe"] for result in results] == list(hostile_probes.PROBES), (
+        "benchmarks/results/hostile_probes.json should hold every probe of benchmarks/hostile_probes.py, in "
+        "its order: run the new ones with `python benchmarks/hostile_probes.py --only NAME`"
+    )
+    page = (ROOT / "docs" / "reliability.md").read_text()
+    for text in (hostile_probes.outcome_counts(results), hostile_probes.markdown_table(results)):
+        assert text in page, (
+            "docs/reliability.md should show benchmarks/results/hostile_probes.json as "
+            "benchmarks/hostile_probes.py prints it:\n" + text
+        )
 
 
 def test_the_learning_page_shows_the_yardstick_table_of_its_results_file():
