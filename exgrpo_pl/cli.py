@@ -28,6 +28,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
 from exgrpo_pl.callbacks.monitor import HEATMAP_TAG
@@ -49,8 +50,8 @@ class ExGRPOCLI(LightningCLI):
     "link")` (in place of Lightning's default `ModelCheckpoint()`), so a run saves when it ends and
     `--ckpt_path last` finds the previous run's newest complete checkpoint. With no logger configured, it
     logs with Lightning's default `TensorBoardLogger`, less its placeholder `hp_metric` chart and with
-    Lightning's `epoch` series as `train/epoch` (`RunLogger`); a fit ends printing a TensorBoard link that
-    opens on the run's main charts (`dashboard_link`).
+    Lightning's `epoch` series as `train/epoch` (`RunLogger`); a fit prints, when it starts and when it
+    ends, a TensorBoard link that opens on the run's main charts (`dashboard_link`).
 
     (The module itself checks the strategy against the trainer in `setup`, so plain `Trainer` runs get the
     same check.)
@@ -105,24 +106,35 @@ class ExGRPOCLI(LightningCLI):
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
 
+    def before_fit(self) -> None:
+        # A fit takes minutes to hours: where to watch it, before it starts as well as when it ends. The
+        # strategy has not set the ranks yet (every process would be global zero): the launcher's are read.
+        if rank_zero_only.rank == 0 and self._dashboard_lines():
+            print("\n".join(["", "Training starts.", *self._dashboard_lines()]))
+
     def after_fit(self) -> None:
         trainer = self.trainer
         if not trainer.is_global_zero:
             return
-        lines = ["", "Training finished."]
-        if trainer.logger is not None and trainer.logger.log_dir:
-            lines.append(f"  logs:        {trainer.logger.log_dir}")
-            root = getattr(trainer.logger, "root_dir", trainer.logger.save_dir)
-            lines.append(f"  dashboards:  tensorboard --logdir {root}")
-            if isinstance(trainer.logger, TensorBoardLogger):
-                run = os.path.relpath(trainer.logger.log_dir, root)
-                lines.append(f"               then open {dashboard_link(run, trainer.callbacks)}")
+        lines = ["", "Training finished.", *self._dashboard_lines()]
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None:
             path = checkpoint.best_model_path or checkpoint.last_model_path
             if path:
                 lines.append(f"  checkpoint:  {path}")
         print("\n".join(lines))
+
+    def _dashboard_lines(self) -> list[str]:
+        """Where the logs are, the command that shows them, and (TensorBoard) the link to open."""
+        logger = self.trainer.logger
+        if logger is None or not logger.log_dir:
+            return []
+        root = getattr(logger, "root_dir", logger.save_dir)
+        lines = [f"  logs:        {logger.log_dir}", f"  dashboards:  tensorboard --logdir {root}"]
+        if isinstance(logger, TensorBoardLogger):
+            link = dashboard_link(os.path.relpath(logger.log_dir, root), self.trainer.callbacks)
+            lines.append(f"               then open {link}")
+        return lines
 
     def after_validate(self) -> None:
         self._report("validation")
@@ -167,8 +179,7 @@ def dashboard_link(run: str, callbacks: list[Any], port: int = 6006) -> str:
     """A link to `tensorboard --logdir ROOT`'s page (at its default port) that opens with the validation
     curve, the reward and, where the run has them, the replayed share of questions and the latest heatmap
     of `run` (its folder under ROOT) pinned above every group: TensorBoard reads the pins from the link's
-    `pinnedCards` (and keeps the scalar ones for later visits), while its plain page opens only the first
-    two groups of charts by name, 12 charts each."""
+    `pinnedCards`, while its plain page opens only the first two groups of charts by name, 12 charts each."""
     cards: list[dict[str, Any]] = [{"plugin": "scalars", "tag": tag} for tag in PINNED_SCALARS]
     if any(isinstance(callback, ReplayCallback) for callback in callbacks):
         cards.append({"plugin": "scalars", "tag": PINNED_REPLAY})

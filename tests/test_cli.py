@@ -61,9 +61,11 @@ def test_fit_ends_with_a_tensorboard_link_pinning_charts_the_run_logged(tiny_arg
     ]
     args = ["--model.validate_at_start=true", "--trainer.max_steps=2", "--trainer.log_every_n_steps=1"]
     main(["fit", *tiny_args, *replay_and_monitor, *args])
-    (link,) = [
-        line.split("then open ")[1] for line in capsys.readouterr().out.splitlines() if "then open " in line
-    ]
+    out = capsys.readouterr().out
+    # Printed when training starts, to watch it run, and again when it ends.
+    start, end = [line.split("then open ")[1] for line in out.splitlines() if "then open " in line]
+    assert start == end and out.index("Training starts.") < out.index(start) < out.index("Training finished.")
+    link = start
     url = urlsplit(link)
     assert (url.netloc, url.fragment) == ("localhost:6006", "timeseries")
     cards = json.loads(parse_qs(url.query)["pinnedCards"][0])
