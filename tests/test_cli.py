@@ -16,10 +16,10 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from exgrpo_pl import moved
-from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
 from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.checkpoints.saving import OutOfSpaceError
-from exgrpo_pl.cli import ExGRPOCLI, main
+from exgrpo_pl.cli import ExGRPOCLI, dashboard_link, main
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.experience import TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule
@@ -80,6 +80,12 @@ def test_fit_ends_with_a_tensorboard_link_pinning_charts_the_run_logged(tiny_arg
     # The heatmap's card names this run as TensorBoard does when given the folder above it.
     (image,) = [card for card in cards if card["plugin"] == "images"]
     assert image["tag"] in events.Tags()["images"] and image["runId"] == f"defaultExperimentId/{run.name}"
+
+
+def test_the_docs_show_the_link_the_quickstart_prints():
+    link = dashboard_link("version_0", [ReplayCallback(), DifficultyMonitor()])  # the quickstart's callbacks
+    root = Path(__file__).parents[1]
+    assert link in (root / "README.md").read_text() and link in (root / "docs" / "dashboards.md").read_text()
 
 
 @pytest.mark.parametrize("subcommand, metric", [("validate", "val/pass@1"), ("test", "test/pass@1")])
