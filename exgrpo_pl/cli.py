@@ -13,11 +13,14 @@ a checkpoint file, and warns listing each option whose value differs from the ch
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Checkpoint
@@ -25,7 +28,10 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
+from exgrpo_pl.callbacks.monitor import HEATMAP_TAG
 from exgrpo_pl.checkpoints.atomic_writes import local_path, write_files_atomically
 from exgrpo_pl.checkpoints.export import main as export_main
 from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
@@ -43,7 +49,9 @@ class ExGRPOCLI(LightningCLI):
     kept) and, when no checkpoint callback is configured, saves them with `SafeModelCheckpoint(save_last=
     "link")` (in place of Lightning's default `ModelCheckpoint()`), so a run saves when it ends and
     `--ckpt_path last` finds the previous run's newest complete checkpoint. With no logger configured, it
-    logs with Lightning's default `TensorBoardLogger`, less its placeholder `hp_metric` chart.
+    logs with Lightning's default `TensorBoardLogger`, less its placeholder `hp_metric` chart and with
+    Lightning's `epoch` series as `train/epoch` (`RunLogger`); a fit prints, when it starts and when it
+    ends, a TensorBoard link that opens on the run's main charts (`dashboard_link`).
 
     (The module itself checks the strategy against the trainer in `setup`, so plain `Trainer` runs get the
     same check.)
@@ -92,27 +100,41 @@ class ExGRPOCLI(LightningCLI):
             # module writes the HParams entry with metrics that compare runs (module/hparams_tab.py).
             root = os.path.normpath(os.path.expanduser(trainer_config.get("default_root_dir") or os.getcwd()))
             job = SLURMEnvironment.job_id()  # Lightning's default logger's version
-            kwargs["logger"] = TensorBoardLogger(root, version=job, default_hp_metric=False)
+            kwargs["logger"] = RunLogger(root, version=job, default_hp_metric=False)
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not a user's
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
 
+    def before_fit(self) -> None:
+        # A fit takes minutes to hours: where to watch it, before it starts as well as when it ends. The
+        # strategy has not set the ranks yet (every process would be global zero): the launcher's are read.
+        if rank_zero_only.rank == 0 and self._dashboard_lines():
+            print("\n".join(["", "Training starts.", *self._dashboard_lines()]))
+
     def after_fit(self) -> None:
         trainer = self.trainer
         if not trainer.is_global_zero:
             return
-        lines = ["", "Training finished."]
-        if trainer.logger is not None and trainer.logger.log_dir:
-            lines.append(f"  logs:        {trainer.logger.log_dir}")
-            root = getattr(trainer.logger, "root_dir", trainer.logger.save_dir)
-            lines.append(f"  dashboards:  tensorboard --logdir {root}")
+        lines = ["", "Training finished.", *self._dashboard_lines()]
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None:
             path = checkpoint.best_model_path or checkpoint.last_model_path
             if path:
                 lines.append(f"  checkpoint:  {path}")
         print("\n".join(lines))
+
+    def _dashboard_lines(self) -> list[str]:
+        """Where the logs are, the command that shows them, and (TensorBoard) the link to open."""
+        logger = self.trainer.logger
+        if logger is None or not logger.log_dir:
+            return []
+        root = getattr(logger, "root_dir", logger.save_dir)
+        lines = [f"  logs:        {logger.log_dir}", f"  dashboards:  tensorboard --logdir {root}"]
+        if isinstance(logger, TensorBoardLogger):
+            link = dashboard_link(os.path.relpath(logger.log_dir, root), self.trainer.callbacks)
+            lines.append(f"               then open {link}")
+        return lines
 
     def after_validate(self) -> None:
         self._report("validation")
@@ -132,6 +154,41 @@ class ExGRPOCLI(LightningCLI):
         write_files_atomically(files)  # both or neither: a full disk leaves the previous run's pair whole
         json_path, markdown_path = files
         print(f"  table:       {json_path}\n               {markdown_path}")
+
+
+class RunLogger(TensorBoardLogger):
+    """Lightning's `TensorBoardLogger` (same arguments) that writes Lightning's `epoch` series as
+    `train/epoch`, the tag TRL's runs give it.
+
+    TensorBoard's Time Series page opens only its first two groups of charts (tags grouped by their part
+    before the first `/`, groups sorted by name): a flat `epoch` chart would take one of the two.
+    """
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        if "epoch" in metrics:
+            metrics = {("train/epoch" if name == "epoch" else name): value for name, value in metrics.items()}
+        super().log_metrics(metrics, step)
+
+
+# The charts the dashboard link pins: the validation curve, the reward, and what replay took.
+PINNED_SCALARS = ("val/pass@1", "train/reward")
+PINNED_REPLAY = "replay/question_fraction"
+
+
+def dashboard_link(run: str, callbacks: list[Any], port: int = 6006) -> str:
+    """A link to `tensorboard --logdir ROOT`'s page (at its default port) that opens with the validation
+    curve, the reward and, where the run has them, the replayed share of questions and the latest heatmap
+    of `run` (its folder under ROOT) pinned above every group: TensorBoard reads the pins from the link's
+    `pinnedCards`, while its plain page opens only the first two groups of charts by name, 12 charts each."""
+    cards: list[dict[str, Any]] = [{"plugin": "scalars", "tag": tag} for tag in PINNED_SCALARS]
+    if any(isinstance(callback, ReplayCallback) for callback in callbacks):
+        cards.append({"plugin": "scalars", "tag": PINNED_REPLAY})
+    if any(isinstance(callback, DifficultyMonitor) for callback in callbacks):
+        # An image card belongs to one run; TensorBoard names a run of its only experiment so.
+        run_id = f"defaultExperimentId/{Path(run).as_posix()}"
+        cards.append({"plugin": "images", "tag": HEATMAP_TAG, "runId": run_id, "sample": 0})
+    pins = quote(json.dumps(cards, separators=(",", ":")), safe="")
+    return f"http://localhost:{port}/?pinnedCards={pins}#timeseries"
 
 
 class AtomicSaveConfigCallback(SaveConfigCallback):

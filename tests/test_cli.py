@@ -5,6 +5,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import torch
@@ -15,10 +16,10 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from exgrpo_pl import moved
-from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
 from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.checkpoints.saving import OutOfSpaceError
-from exgrpo_pl.cli import ExGRPOCLI, main
+from exgrpo_pl.cli import ExGRPOCLI, dashboard_link, main
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.experience import TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule
@@ -40,11 +41,51 @@ def test_fit_prints_logs_and_checkpoint(tiny_args, tmp_path, capsys):
     main(["fit", *tiny_args, "--trainer.max_steps=2", "--trainer.log_every_n_steps=1"])
     out = capsys.readouterr().out
     assert "Training finished." in out and "tensorboard --logdir" in out and ".ckpt" in out
-    # The default logger writes where Lightning's would, without the placeholder `hp_metric` chart.
+    # The default logger writes where Lightning's would, without the placeholder `hp_metric` chart, and
+    # Lightning's `epoch` in the train group, where it does not take one of the two groups TensorBoard opens.
     (run,) = (tmp_path / "lightning_logs").glob("version_*")
     events = EventAccumulator(str(run))
     events.Reload()
-    assert "train/reward" in events.Tags()["scalars"] and "hp_metric" not in events.Tags()["scalars"]
+    scalars = events.Tags()["scalars"]
+    assert "train/reward" in scalars and "hp_metric" not in scalars
+    assert "epoch" not in scalars and "train/epoch" in scalars
+
+
+def test_fit_ends_with_a_tensorboard_link_pinning_charts_the_run_logged(tiny_args, tmp_path, capsys):
+    replay_and_monitor = [
+        "--trainer.callbacks+=exgrpo_pl.callbacks.ReplayCallback",
+        "--trainer.callbacks.mode=mix",
+        "--trainer.callbacks.min_buffer_size=1",
+        "--trainer.callbacks+=exgrpo_pl.callbacks.DifficultyMonitor",
+        "--trainer.callbacks.log_every_n_steps=1",
+    ]
+    args = ["--model.validate_at_start=true", "--trainer.max_steps=2", "--trainer.log_every_n_steps=1"]
+    main(["fit", *tiny_args, *replay_and_monitor, *args])
+    out = capsys.readouterr().out
+    # Printed when training starts, to watch it run, and again when it ends.
+    start, end = [line.split("then open ")[1] for line in out.splitlines() if "then open " in line]
+    assert start == end and out.index("Training starts.") < out.index(start) < out.index("Training finished.")
+    link = start
+    url = urlsplit(link)
+    assert (url.netloc, url.fragment) == ("localhost:6006", "timeseries")
+    cards = json.loads(parse_qs(url.query)["pinnedCards"][0])
+    (run,) = (tmp_path / "lightning_logs").glob("version_*")
+    events = EventAccumulator(str(run), size_guidance={"images": 0})
+    events.Reload()
+    pinned = {card["plugin"]: [] for card in cards}
+    for card in cards:
+        pinned[card["plugin"]].append(card["tag"])
+    assert pinned["scalars"] == ["val/pass@1", "train/reward", "replay/question_fraction"]
+    assert set(pinned["scalars"]) <= set(events.Tags()["scalars"])
+    # The heatmap's card names this run as TensorBoard does when given the folder above it.
+    (image,) = [card for card in cards if card["plugin"] == "images"]
+    assert image["tag"] in events.Tags()["images"] and image["runId"] == f"defaultExperimentId/{run.name}"
+
+
+def test_the_docs_show_the_link_the_quickstart_prints():
+    link = dashboard_link("version_0", [ReplayCallback(), DifficultyMonitor()])  # the quickstart's callbacks
+    root = Path(__file__).parents[1]
+    assert link in (root / "README.md").read_text() and link in (root / "docs" / "dashboards.md").read_text()
 
 
 @pytest.mark.parametrize("subcommand, metric", [("validate", "val/pass@1"), ("test", "test/pass@1")])

@@ -5,12 +5,12 @@ from conftest import tiny_module
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.plugins.hparams import backend_context, plugin_data_pb2
 
 from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import SelectiveReplay
-from exgrpo_pl.module.hparams_tab import HPARAMS_METRICS, run_hparams
+from exgrpo_pl.module.hparams_tab import COMPARED_HPARAMS, HPARAMS_METRICS, run_hparams
 
 
 def fit(tmp_path, model_dir, callbacks):
@@ -65,10 +65,25 @@ def test_a_replay_run_lists_its_replay_options_and_the_metrics_that_compare_runs
     assert events.Scalars("replay/replayed_steps")[-1].value == replay.replayed_steps > 0
 
 
-def test_a_grpo_run_has_no_replay_options(tmp_path, tiny_model_dir):
-    _, start = hparams_entry(fit(tmp_path, tiny_model_dir, []))
-    assert "learning_rate" in start.hparams
-    assert not any(name.startswith("ReplayCallback.") for name in start.hparams)
+def default_columns(experiment, shown=5):
+    """The option columns TensorBoard's HParams table shows before any is ticked: its backend sorts the
+    experiment's options (`differs` first, then by name) and its table shows the first five."""
+    backend_context._sort_and_reduce_to_hparams_limit(experiment)
+    return [info.name for info in experiment.hparam_infos[:shown]]
+
+
+def test_a_grpo_and_an_exgrpo_run_open_on_the_options_that_tell_them_apart(tmp_path, tiny_model_dir):
+    replay = ReplayCallback(replay=SelectiveReplay(strategy="uniform"), mode="mix", min_buffer_size=1)
+    grpo = fit(tmp_path, tiny_model_dir, [])  # version_0, the run TensorBoard reads first
+    exgrpo = fit(tmp_path, tiny_model_dir, [replay])
+    (grpo_experiment, grpo_start), (exgrpo_experiment, exgrpo_start) = map(hparams_entry, (grpo, exgrpo))
+    # Whichever run's experiment TensorBoard takes for the table, it opens on the same columns.
+    assert default_columns(grpo_experiment) == default_columns(exgrpo_experiment) == sorted(COMPARED_HPARAMS)
+    assert "learning_rate" in grpo_start.hparams and "ReplayCallback.mode" not in grpo_start.hparams
+    assert exgrpo_start.hparams["ReplayCallback.mode"].string_value == "mix"
+    assert exgrpo_start.hparams["ReplayCallback.replay.strategy"].string_value == "uniform"
+    # The run's other options stay in its experiment, to tick.
+    assert "ReplayCallback.buffer.max_size" in {info.name for info in exgrpo_experiment.hparam_infos}
 
 
 def test_run_hparams_are_plain_values_a_callback_contributes_its_mapping():
