@@ -258,6 +258,16 @@ def _step(trainer, pl_module) -> int:
     return trainer.global_step // pl_module.updates_per_batch
 
 
+def train_for_batches(cli, overlay: dict, shipped_updates: int) -> None:
+    """Sets the built trainer's `max_steps` (optimizer updates) to the run's batches times the variant's
+    updates per batch, so every variant trains on as many batches: a task's or --quick's `max_steps` counts
+    batches, a preset's own counts its updates (`shipped_updates` a batch, as the preset ships)."""
+    batches = cli.trainer.max_steps
+    if "max_steps" not in overlay.get("trainer", {}):
+        batches //= shipped_updates
+    cli.trainer.fit_loop.epoch_loop.max_steps = batches * cli.model.updates_per_batch
+
+
 def run(
     task: str,
     name: str,
@@ -294,12 +304,7 @@ def run(
     shipped_updates = cli.model.updates_per_batch
     if change is not None:
         change(cli)
-    # The same batches whatever a variant's updates per batch: a task's or --quick's max_steps counts
-    # batches, a preset's own counts its updates.
-    batches = cli.trainer.max_steps
-    if "max_steps" not in overlay.get("trainer", {}):
-        batches //= shipped_updates
-    cli.trainer.fit_loop.epoch_loop.max_steps = batches * cli.model.updates_per_batch
+    train_for_batches(cli, overlay, shipped_updates)
     replay = next((c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback)), None)
     if replay is not None and preset == "exgrpo_seed" and task != "arithmetic":
         replay.replay_start_epoch = SEED_START_EPOCH[task]
