@@ -278,9 +278,7 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         # checkpoint is restored, and the loader's saved position would never be loaded. It counts batches
         # (capped at max_steps), each taking `updates_per_batch` optimizer steps; max_steps counts those.
         total = int(estimated_stepping_batches(self.trainer)) * self.updates_per_batch
-        if self.trainer.max_steps != -1:
-            total = min(total, self.trainer.max_steps)
-        total = max(total, 1)
+        total = max(min(total, self.trainer.max_steps) if self.trainer.max_steps != -1 else total, 1)
         self._total_steps = total
         scheduler = get_scheduler(hp.lr_scheduler_type, optimizer, hp.warmup_steps, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
