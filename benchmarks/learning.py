@@ -5,7 +5,9 @@ which separates what replay does from what the preset's other settings (advantag
 the presets with solved questions retired from the buffer only (they stay in the fresh stream) and with the
 replay demand bounded by the medium tiers' supply.
 
-Every run is `exgrpo fit` of a shipped preset for a fixed number of optimizer steps (the paper's axis); its
+Every run is `exgrpo fit` of a shipped preset for a fixed number of steps, a step being one generated batch
+(the paper's axis: its code's training steps count batches); a preset that takes several optimizer updates
+per batch (the paper preset: 2, `steps_per_generation`) gets `max_steps`, which counts updates, scaled so. Its
 validation curve is kept against steps and against generated tokens, so variants compare at equal steps
 (the final point) and at equal generated tokens (each curve read at the budget every run reached). Replay
 diagnostics are recorded on the way: which questions were replayed and how often, the questions in each
@@ -94,6 +96,12 @@ def _without_replay(cli) -> None:
 
 _BUFFER_ONLY = {"retire_from": "buffer"}
 _KEEP_LAST = {"all_wrong_groups": "keep_last"}
+_BEFORE_EXACT = {
+    "loss_type": "dapo",
+    "entropy_coef": 0.001,
+    "steps_per_generation": 1,
+    "clip_after_replay_starts": True,
+}
 
 # name -> (preset, change applied to the built CLI objects, the variant's average accuracy in the paper's
 # ablation study, arXiv 2510.02245; None: not one of its variants)
@@ -109,6 +117,9 @@ VARIANTS = {
     "rho 0.25": ("exgrpo_paper", _changed(callback={"mix_fraction": 0.25}), 46.4),
     "rho 0.75": ("exgrpo_paper", _changed(callback={"mix_fraction": 0.75}), 44.8),
     "paper preset, no replay": ("exgrpo_paper", _without_replay, None),
+    # The paper preset before it took the official code's loss normaliser, entropy weight, two updates per
+    # batch and clipping schedule (configs/exgrpo_paper.yaml says what each is): the rows measured before.
+    "paper, before exact": ("exgrpo_paper", _changed(module=_BEFORE_EXACT), None),
     # Not the paper's: what a solved question leaves, and replay demand bounded by the medium supply.
     "paper, retire from buffer": ("exgrpo_paper", _changed(bucketer=_BUFFER_ONLY), None),
     "paper, bounded demand": ("exgrpo_paper", _changed(callback={"bounded_demand": True}), None),
@@ -192,7 +203,7 @@ class Record(Callback):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         value = float(trainer.callback_metrics["val/pass@1"])
-        self.curve.append((trainer.global_step, float(pl_module.generated_tokens), value))
+        self.curve.append((_step(trainer, pl_module), float(pl_module.generated_tokens), value))
         self.fresh.append((self._fresh_trained, len(self._fresh_distinct)))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -211,9 +222,9 @@ class Record(Callback):
         rows = rollouts.replayed.nonzero().flatten().tolist()
         if rows:
             families = [rollouts.domains[i] if rollouts.domains else "" for i in rows]
-            self.replayed.append((trainer.global_step, rollouts.question_ids[rows].tolist(), families))
+            self.replayed.append((_step(trainer, pl_module), rollouts.question_ids[rows].tolist(), families))
         replay = next((c for c in trainer.callbacks if isinstance(c, ReplayCallback)), None)
-        if replay is not None and trainer.global_step % self.every == 0:
+        if replay is not None and _step(trainer, pl_module) % self.every == 0:
             bucketer, k = replay.buffer.bucketer, pl_module.num_generations
             known = bucketer.known_questions()
             correct, total = bucketer.latest_counts(known)
@@ -221,9 +232,9 @@ class Record(Callback):
             # Out of K: a question sampled twice in one step (fresh and replayed) has a larger latest group.
             bucket = (k * correct / total.clamp(min=1)).round().long()
             counts = torch.bincount(bucket[in_play], minlength=k + 1)
-            self.buckets.append((trainer.global_step, counts.tolist()))
+            self.buckets.append((_step(trainer, pl_module), counts.tolist()))
             out = len(trainer.datamodule.excluded_question_ids)
-            self.retired.append((trainer.global_step, len(bucketer.retired), out))
+            self.retired.append((_step(trainer, pl_module), len(bucketer.retired), out))
 
     def summary(self) -> dict:
         counts = Counter(q for _, ids, _ in self.replayed for q in ids)
@@ -240,6 +251,21 @@ class Record(Callback):
             "buckets": self.buckets,
             "retired": self.retired,
         }
+
+
+def _step(trainer, pl_module) -> int:
+    """Generated batches trained on: Lightning's `global_step` counts optimizer updates."""
+    return trainer.global_step // pl_module.updates_per_batch
+
+
+def train_for_batches(cli, overlay: dict, shipped_updates: int) -> None:
+    """Sets the built trainer's `max_steps` (optimizer updates) to the run's batches times the variant's
+    updates per batch, so every variant trains on as many batches: a task's or --quick's `max_steps` counts
+    batches, a preset's own counts its updates (`shipped_updates` a batch, as the preset ships)."""
+    batches = cli.trainer.max_steps
+    if "max_steps" not in overlay.get("trainer", {}):
+        batches //= shipped_updates
+    cli.trainer.fit_loop.epoch_loop.max_steps = batches * cli.model.updates_per_batch
 
 
 def run(
@@ -275,8 +301,10 @@ def run(
     ]  # fmt: skip
     cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
     _check_seeds_follow_the_run(cli, preset)
+    shipped_updates = cli.model.updates_per_batch
     if change is not None:
         change(cli)
+    train_for_batches(cli, overlay, shipped_updates)
     replay = next((c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback)), None)
     if replay is not None and preset == "exgrpo_seed" and task != "arithmetic":
         replay.replay_start_epoch = SEED_START_EPOCH[task]

@@ -176,7 +176,11 @@ def _batches_left(trainer) -> tuple[float, float]:
     by_epochs = math.inf if epochs in (None, -1) else per_epoch * (epochs - trainer.current_epoch)
     by_steps = math.inf
     if trainer.max_steps not in (None, -1):
-        by_steps = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+        # max_steps counts optimizer updates, of which a batch may take several (`updates_per_batch`).
+        updates = getattr(trainer.lightning_module, "updates_per_batch", 1)
+        by_steps = (
+            math.ceil((trainer.max_steps - trainer.global_step) / updates) * trainer.accumulate_grad_batches
+        )
     return min(by_epochs, by_steps), by_steps
 
 

@@ -81,7 +81,16 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
             Fresh rows only: replayed rows are weighted by `off_policy_correction`.
         importance_sampling_level: "token" (a ratio per token) or "sequence" (GSPO: one length-normalised
             ratio per completion, for the clipped ratio and for replayed rows' w alike).
-        num_iterations: optimizer updates per generated batch (old log-probs are kept from the first).
+        num_iterations: passes over each generated batch (old log-probs are those before its first update).
+        steps_per_generation: optimizer updates per pass (TRL's option of that name with its default
+            `gradient_accumulation_steps=1`): the batch's groups are dealt out to this many mini-batches,
+            each row used once, each update's loss normalised by its mini-batch. A generated batch then takes
+            `num_iterations * steps_per_generation` optimizer steps, and Lightning's `global_step`,
+            `max_steps` and the learning-rate schedule count those, not batches. The official ExGRPO script
+            takes 2 (128 prompts, mini-batches of 64).
+        clip_after_replay_starts: keep clipping fresh rows' ratio once a replay callback's replay phase has
+            begun; False drops it then (the official ExGRPO code's `loss_remove_clip`), as its paper preset
+            does. Replayed rows are never clipped, and before replay starts every row is.
         beta: weight of the KL to a frozen reference; 0 builds no reference model.
         use_bias_correction_kl: multiply each token's KL estimate by the importance ratio (TRL's default),
             which makes its gradient the unbiased reverse-KL gradient; only matters when beta > 0.
@@ -144,6 +153,8 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         delta: float | None = None,
         importance_sampling_level: str = "token",
         num_iterations: int = 1,
+        steps_per_generation: int = 1,
+        clip_after_replay_starts: bool = True,
         beta: float = 0.0,
         use_bias_correction_kl: bool = True,
         entropy_coef: float = 0.0,
@@ -221,6 +232,12 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
             return
         device = self.trainer.strategy.root_device
         if stage == "fit":
+            if data.hparams.batch_size < self.hparams.steps_per_generation:
+                raise ValueError(
+                    f"ExGRPOModule steps_per_generation={self.hparams.steps_per_generation}: more optimizer "
+                    f"updates per batch than the batch's {data.hparams.batch_size} questions "
+                    f"(data.batch_size); each update takes whole groups"
+                )
             check_rollout_memory(self.hparams, data.hparams.batch_size, device)
             self.collector.check_prompts(data.train_rows, "training data", data.locate)
         sets = {None: [None] * len(data.val_rows)} if data.val_rows else {}
@@ -258,11 +275,18 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         params = [p for p in self.policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
         # Not trainer.estimated_stepping_batches: it would set the training loader up before a resumed run's
-        # checkpoint is restored, and the loader's saved position would never be loaded.
-        total = max(int(estimated_stepping_batches(self.trainer)) * hp.num_iterations, 1)
+        # checkpoint is restored, and the loader's saved position would never be loaded. It counts batches
+        # (capped at max_steps), each taking `updates_per_batch` optimizer steps; max_steps counts those.
+        total = int(estimated_stepping_batches(self.trainer)) * self.updates_per_batch
+        total = max(min(total, self.trainer.max_steps) if self.trainer.max_steps != -1 else total, 1)
         self._total_steps = total
         scheduler = get_scheduler(hp.lr_scheduler_type, optimizer, hp.warmup_steps, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimizer steps (Lightning's `global_step`s) each generated batch takes."""
+        return self.hparams.num_iterations * self.hparams.steps_per_generation
 
     # ------------------------------------------------------------------------------------- the step
     def training_step(self, batch: dict, batch_idx: int) -> dict:

@@ -27,6 +27,7 @@ NUMERIC_OPTIONS = {
     "epsilon_high": dict(low=0, optional=True),
     "delta": dict(low=1, low_open=True, optional=True),  # the ratio is 1 before any update
     "num_iterations": dict(low=1, integer=True),
+    "steps_per_generation": dict(low=1, integer=True),
     "beta": dict(low=0),
     "entropy_coef": dict(low=0),
     "learning_rate": dict(low=0, high=1, low_open=True),  # AdamW moves each weight by up to lr a step

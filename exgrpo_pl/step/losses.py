@@ -218,6 +218,7 @@ def compute_grpo_loss(
     use_bias_correction_kl: bool = True,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
+    clip: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The clipped GRPO surrogate, with ExGRPO's weighted objective on replayed rows (TRL's `_compute_loss`).
 
@@ -251,6 +252,8 @@ def compute_grpo_loss(
             gradient the unbiased reverse-KL gradient (DeepSeek-V3.2; TRL's default).
         entropy: `[N, L]` token entropy (with grad); used when `entropy_coef > 0`.
         entropy_coef: the loss is lowered by this times the mean entropy of the whole batch's masked tokens.
+        clip: False drops the clipping of on-policy rows: their term is -r' A (the official ExGRPO code's
+            `loss_remove_clip`, which it applies once replay has started).
 
     Returns:
         The scalar loss and detached statistics: clip_ratio (share of on-policy tokens clipped), kl,
@@ -263,8 +266,12 @@ def compute_grpo_loss(
     ratio = torch.exp(sequence_level(logps - old_logps, mask, importance_sampling_level))  # [N, L]
     clipped = ratio.clamp(1 - epsilon_low, 1 + epsilon_high)  # [N, L]
     unclipped = ratio if delta is None else ratio.clamp(max=delta)  # [N, L]
-    per_token = -torch.min(unclipped * adv, clipped * adv)  # [N, L]
-    is_clipped = (unclipped * adv) > (clipped * adv)  # [N, L] the min picked the clipped branch
+    if clip:
+        per_token = -torch.min(unclipped * adv, clipped * adv)  # [N, L]
+        is_clipped = (unclipped * adv) > (clipped * adv)  # [N, L] the min picked the clipped branch
+    else:
+        per_token = -unclipped * adv  # [N, L]
+        is_clipped = torch.zeros_like(mask)  # [N, L]
 
     stats: dict[str, Tensor] = {}
     if replayed is not None and bool(replayed.any()):

@@ -1,7 +1,8 @@
 """The optimisation half of a GRPO step: micro-batched forwards and backwards, clipping, and the step itself.
 
 `ExGRPOModule` trains each step's groups (`exgrpo_pl.step.groups.assemble_groups`) with its `update_policy`
-(`PolicyUpdate`), which runs `num_iterations` optimizer updates on them. The loss is
+(`PolicyUpdate`), which runs `num_iterations` passes over them of `steps_per_generation` optimizer updates
+each (one per mini-batch). The loss is
 `exgrpo_pl.step.losses.compute_grpo_loss`: the clipped ratio on fresh rows, f(w) = w / (w + beta) on replayed
 ones. An update whose loss or gradient norm is NaN or infinite is skipped, so a bad batch never reaches the
 weights (`NonFiniteGuard`).
@@ -70,21 +71,25 @@ class PolicyUpdate:
     """
 
     def update_policy(self, rollouts: RolloutBatch) -> dict[str, Tensor]:
-        """`num_iterations` optimizer steps of the policy on `rollouts`, accumulated over micro-batches.
+        """`num_iterations` passes over `rollouts`, each `steps_per_generation` optimizer steps (one per
+        mini-batch of its groups, `mini_batch_rows`), accumulated over micro-batches.
 
-        The first forward pass of each row, taken before any update, gives the fresh rows their behaviour
-        log-probs and entropy (`record_behaviour`: what the buffer stores) and the old log-probs of the
-        clipped ratio. Every rank leaves a non-finite update at the same micro-batch (its finiteness is
-        all-reduced), so no backward waits on another rank.
+        The forward pass of each row taken before any update gives the fresh rows their behaviour log-probs
+        and entropy (`record_behaviour`: what the buffer stores) and the old log-probs of the clipped ratio:
+        the first pass's own forwards with one mini-batch, a forward of every row without gradients first
+        with several (a later mini-batch's old log-probs must be those of the policy that sampled it, as the
+        official ExGRPO code computes them before its updates). Each update's loss is normalised by its own
+        mini-batch (`LossNormaliser`). Every rank leaves a non-finite update at the same micro-batch (its
+        finiteness is all-reduced), so no backward waits on another rank.
 
         Args:
             rollouts: the step's groups, with advantages.
 
         Returns:
-            Detached statistics: loss, clip_ratio, is_weight, kl, grad_norm, nonfinite_steps; loss is NaN when
-                the update was skipped. Under data parallelism the loss is this rank's share of the whole
-                batch's loss times the number of ranks (`LossNormaliser`): its mean over the ranks is the
-                batch's loss.
+            Detached statistics: loss, clip_ratio, is_weight, kl (means over the step's updates), grad_norm
+                (of the last update), nonfinite_steps; loss is NaN when an update was skipped. Under data
+                parallelism the loss is this rank's share of the whole batch's loss times the number of
+                ranks (`LossNormaliser`): its mean over the ranks is the batch's loss.
         """
         hp = self.hparams
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
@@ -92,64 +97,109 @@ class PolicyUpdate:
         if hp.mask_truncated_completions:
             _, truncated = completion_mask_from_ids(rollouts.completion_ids, self.eos_token_ids)
             loss_mask = loss_mask & ~truncated.unsqueeze(1)
-        normaliser = self.loss_normaliser(len(rollouts), loss_mask)
+        updates = mini_batch_rows(len(rollouts), self.num_generations, hp.steps_per_generation)
+        updates = [rows.to(loss_mask.device) for rows in updates]
+        normalisers = [self.loss_normaliser(len(rows), loss_mask[rows]) for rows in updates]
         old_logps = torch.zeros_like(rollouts.behaviour_logps)
         size = hp.micro_batch_size or len(rollouts)
+        scored_first = len(updates) > 1
+        if scored_first:
+            self._score_before_updates(rollouts, old_logps, size)
+        # The official code's `loss_remove_clip`: fresh rows unclipped once replay has started.
+        clip = hp.clip_after_replay_starts or not self.replay_started()
+        weight = 1.0 / (hp.num_iterations * len(updates))  # each update's share of the step's statistics
         totals: dict[str, float] = {}
         finite = True
         for iteration in range(hp.num_iterations):
-            for start in range(0, len(rollouts), size):
-                rows = slice(start, start + size)
-                logps, entropy = completion_logps(
-                    self.policy, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
-                    rollouts.completion_ids[rows], rollouts.completion_mask[rows], hp.temperature,
-                    chunk_elements=hp.logit_chunk_elements,
-                )  # fmt: skip
-                if iteration == 0:
-                    old_logps[rows] = logps.detach()
-                    record_behaviour(rollouts, logps, entropy, rows)
-                weights = None
-                if bool(rollouts.replayed[rows].any()):
-                    weights = compute_importance_weights(
-                        logps, rollouts.behaviour_logps[rows], rollouts.completion_mask[rows],
-                        hp.off_policy_correction, hp.shaping_beta, hp.is_truncation,
-                        hp.importance_sampling_level,
+            for update_rows, normaliser in zip(updates, normalisers):
+                for rows in update_rows.split(size):
+                    logps, entropy = self._forward(rollouts, rows, with_entropy=True)
+                    if iteration == 0 and not scored_first:
+                        old_logps[rows] = logps.detach()
+                        record_behaviour(rollouts, logps, entropy, rows)
+                    weights = None
+                    if bool(rollouts.replayed[rows].any()):
+                        weights = compute_importance_weights(
+                            logps, rollouts.behaviour_logps[rows], rollouts.completion_mask[rows],
+                            hp.off_policy_correction, hp.shaping_beta, hp.is_truncation,
+                            hp.importance_sampling_level,
+                        )  # fmt: skip
+                    loss, stats = compute_grpo_loss(
+                        logps, old_logps[rows], rollouts.advantages[rows], loss_mask[rows], normaliser,
+                        importance_weights=weights, replayed=rollouts.replayed[rows],
+                        ref_logps=self.reference_logps(rollouts, rows), entropy=entropy, clip=clip,
+                        **loss_options(hp),
                     )  # fmt: skip
-                loss, stats = compute_grpo_loss(
-                    logps, old_logps[rows], rollouts.advantages[rows], loss_mask[rows], normaliser,
-                    importance_weights=weights, replayed=rollouts.replayed[rows],
-                    ref_logps=self.reference_logps(rollouts, rows), entropy=entropy, **loss_options(hp),
-                )  # fmt: skip
-                finite = self._finite_on_every_rank(loss)
+                    finite = self._finite_on_every_rank(loss)
+                    if not finite:
+                        break
+                    self.manual_backward(loss)
+                    share = weight * len(rows) / len(update_rows)
+                    _accumulate(totals, {"loss": loss.detach(), **stats}, weight, share)
+                finite = self._optimizer_step(optimizer, scheduler, finite, totals)
                 if not finite:
                     break
-                self.manual_backward(loss)
-                share = min(size, len(rollouts) - start) / len(rollouts)
-                _accumulate(totals, {"loss": loss.detach(), **stats}, share)
-            loss_finite = finite
-            grad_norm = self._clip_gradients(optimizer) if finite else math.nan
-            finite = finite and (grad_norm is None or math.isfinite(grad_norm))
-            # A gradient overflow is the loss scaler's to skip.
-            scaler_decides = loss_finite and self._loss_scaled()
-            if finite or scaler_decides:
-                optimizer.step()  # a loss scaler skips a step with inf gradients itself, and lowers its scale
-            engine = self._deepspeed_engine()
-            if engine is not None and finite:  # DeepSpeed checks the gradients inside its step
-                finite = engine.was_step_applied()
-                grad_norm = float(engine.get_global_grad_norm() or 0.0) if finite else math.inf
             if not finite:  # the batch's remaining updates would start from the same weights
-                optimizer.zero_grad(set_to_none=True)
-                self.nonfinite.skip(self.global_step, totals.get("loss", math.nan), grad_norm, scaler_decides)
-                totals.update(loss=math.nan, grad_norm=grad_norm)
                 break
-            self.engine.weights_changed()
-            scheduler.step()
-            totals["grad_norm"] = grad_norm
-            optimizer.zero_grad(set_to_none=True)
         if finite:
             self.nonfinite.passed()
         totals["nonfinite_steps"] = float(self.nonfinite.skipped)
         return {key: torch.as_tensor(value) for key, value in totals.items()}
+
+    def _optimizer_step(self, optimizer, scheduler, finite: bool, totals: dict[str, float]) -> bool:
+        """Clip and apply the accumulated gradients, or skip a non-finite update (counted by `nonfinite`);
+        returns whether the update was applied."""
+        loss_finite = finite
+        grad_norm = self._clip_gradients(optimizer) if finite else math.nan
+        finite = finite and (grad_norm is None or math.isfinite(grad_norm))
+        # A gradient overflow is the loss scaler's to skip.
+        scaler_decides = loss_finite and self._loss_scaled()
+        if finite or scaler_decides:
+            optimizer.step()  # a loss scaler skips a step with inf gradients itself, and lowers its scale
+        engine = self._deepspeed_engine()
+        if engine is not None and finite:  # DeepSpeed checks the gradients inside its step
+            finite = engine.was_step_applied()
+            grad_norm = float(engine.get_global_grad_norm() or 0.0) if finite else math.inf
+        if not finite:
+            optimizer.zero_grad(set_to_none=True)
+            self.nonfinite.skip(self.global_step, totals.get("loss", math.nan), grad_norm, scaler_decides)
+            totals.update(loss=math.nan, grad_norm=grad_norm)
+            return False
+        self.engine.weights_changed()
+        scheduler.step()
+        totals["grad_norm"] = grad_norm
+        optimizer.zero_grad(set_to_none=True)
+        return True
+
+    def _forward(
+        self, rollouts: RolloutBatch, rows: Tensor, with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """`[rows, C]` log-probs (and entropies) of the completions under the policy."""
+        hp = self.hparams
+        return completion_logps(
+            self.policy, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows], rollouts.completion_ids[rows],
+            rollouts.completion_mask[rows], hp.temperature, with_entropy=with_entropy,
+            chunk_elements=hp.logit_chunk_elements,
+        )  # fmt: skip
+
+    def _score_before_updates(self, rollouts: RolloutBatch, old_logps: Tensor, size: int) -> None:
+        """Old log-probs of every row, and the fresh rows' behaviour log-probs and entropy, from the policy
+        before this step's first update (no gradients)."""
+        with torch.no_grad():
+            for rows in torch.arange(len(rollouts), device=old_logps.device).split(size):
+                logps, entropy = self._forward(rollouts, rows, with_entropy=True)
+                old_logps[rows] = logps
+                record_behaviour(rollouts, logps, entropy, rows)
+
+    def replay_started(self) -> bool:
+        """Whether a replay callback of the trainer has begun its replay phase (`replay_active`, as
+        `exgrpo_pl.callbacks.ReplayCallback` has), which the clipping schedule keys on."""
+        trainer = self.trainer
+        return any(
+            callback.replay_active(trainer)
+            for callback in trainer.callbacks
+            if callable(getattr(callback, "replay_active", None))
+        )
 
     def loss_normaliser(self, num_rows: int, loss_mask: Tensor) -> LossNormaliser:
         """The step's `LossNormaliser`: rows and loss tokens counted over every rank (one all-reduce)."""
@@ -164,7 +214,7 @@ class PolicyUpdate:
         """`values` summed over every rank (`sum_over_ranks`)."""
         return sum_over_ranks(self.trainer, values)
 
-    def reference_logps(self, rollouts: RolloutBatch, rows: slice) -> Tensor | None:
+    def reference_logps(self, rollouts: RolloutBatch, rows: Tensor) -> Tensor | None:
         """`[rows, C]` log-probs of the completions under the KL reference; None when beta is 0."""
         if self.hparams.beta == 0:
             return None
@@ -241,8 +291,32 @@ def loss_options(hp) -> dict:
     )
 
 
-def _accumulate(totals: dict[str, float], values: dict[str, Tensor], share: float) -> None:
-    """Sum the loss over micro-batches (it is already normalised by the whole batch); average the rest."""
+def mini_batch_rows(num_rows: int, group_size: int, count: int) -> list[Tensor]:
+    """The rows of each of a step's `count` optimizer updates: its groups (K consecutive rows each) dealt out
+    in turn, group g to update g mod count, so every row is used once and each update holds the batch's
+    share of replayed groups (the batch lists its fresh groups first).
+
+    Args:
+        num_rows: the step's rows on this rank.
+        group_size: K; a swap step's stored rows are dealt K at a time too.
+        count: optimizer updates per pass (`steps_per_generation`).
+
+    Returns:
+        `count` long tensors of row indices, in increasing order.
+    """
+    groups = -(-num_rows // group_size)
+    if groups < count:
+        raise ValueError(
+            f"ExGRPOModule steps_per_generation={count}: a step has only {groups} groups of {group_size} "
+            f"rows on this rank ({num_rows} rows), fewer than its updates; raise data.batch_size or lower "
+            "steps_per_generation"
+        )
+    group_of_row = torch.arange(num_rows) // group_size  # [num_rows]
+    return [torch.nonzero(group_of_row % count == update).squeeze(1) for update in range(count)]
+
+
+def _accumulate(totals: dict[str, float], values: dict[str, Tensor], weight: float, share: float) -> None:
+    """Sum the loss over micro-batches (it is already normalised by the update's mini-batch) and weigh it
+    by the update's share of the step; average the rest."""
     for key, value in values.items():
-        weight = 1.0 if key == "loss" else share
-        totals[key] = totals.get(key, 0.0) + weight * float(value)
+        totals[key] = totals.get(key, 0.0) + (weight if key == "loss" else share) * float(value)

@@ -179,3 +179,18 @@ def test_the_deferred_variants_defer():
     for name in ("paper, deferred", "recommended, deferred"):
         callback = learning._replay_callback(_built(name))
         assert callback.displaced_questions == "defer" and callback.defers and callback.mode == "mix"
+
+
+@pytest.mark.parametrize("overlay, batches", [({}, 400), ({"trainer": {"max_steps": 300}}, 300)])
+def test_the_paper_preset_before_and_after_exact_train_on_as_many_batches(overlay, batches):
+    exact, before = _built("ExGRPO paper"), _built("paper, before exact")
+    assert exact.model.updates_per_batch == 2 and before.model.updates_per_batch == 1
+    hp = before.model.hparams
+    assert (hp.loss_type, hp.entropy_coef, hp.clip_after_replay_starts) == ("dapo", 0.001, True)
+    hp = exact.model.hparams
+    assert (hp.loss_type, hp.entropy_coef, hp.clip_after_replay_starts) == ("dr_grpo", 3.125e-5, False)
+    for cli in (exact, before):
+        if overlay:  # as the CLI lays a task's overlay over the preset
+            cli.trainer.fit_loop.epoch_loop.max_steps = overlay["trainer"]["max_steps"]
+        learning.train_for_batches(cli, overlay, shipped_updates=2)
+        assert cli.trainer.max_steps == batches * cli.model.updates_per_batch

@@ -3,6 +3,7 @@ training, ones that depend on the data a warning at its start, a run that never 
 end, and a resume with other replay options lists them."""
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +14,13 @@ from test_contract import rows
 from test_replay_callback import fit, uniform_replay
 
 from exgrpo_pl.callbacks import ReplayCallback
-from exgrpo_pl.callbacks.replay_checks import check_completion_mask, defaults, options, warn_changed
+from exgrpo_pl.callbacks.replay_checks import (
+    _batches_left,
+    check_completion_mask,
+    defaults,
+    options,
+    warn_changed,
+)
 from exgrpo_pl.contract import ContractError
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, TrajectoryBuffer
@@ -100,6 +107,16 @@ def test_max_steps_ending_before_the_start_epoch_warns(tmp_path, tiny_model_dir)
         UserWarning, match=r"replay_start_epoch=1, but trainer.max_steps=4 ends this run in epoch 0"
     ):
         fit(tmp_path, tiny_model_dir, [callback], max_steps=4)
+
+
+def test_batches_left_count_a_module_s_updates_per_batch():
+    """max_steps counts optimizer updates; a module taking 2 per batch has half as many batches left."""
+    module = SimpleNamespace(updates_per_batch=2)
+    trainer = SimpleNamespace(
+        num_training_batches=100, max_epochs=10, current_epoch=0, max_steps=7, global_step=2,
+        accumulate_grad_batches=1, lightning_module=module,
+    )  # fmt: skip
+    assert _batches_left(trainer) == (3, 3)
 
 
 def test_an_active_replay_that_never_replayed_says_so_at_the_end(tmp_path, tiny_model_dir):

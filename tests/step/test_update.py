@@ -10,7 +10,9 @@ import torch
 from conftest import CPUDeepSpeedStrategy, tiny_module
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins.precision import MixedPrecision
+from test_module import make_data, tiny_trainer
 
+import exgrpo_pl.step.update as update_module
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate, loss_options
@@ -136,3 +138,90 @@ def test_a_step_deepspeed_skips_counts_as_a_non_finite_step(tiny_model_dir, tmp_
     else:
         assert "2 updates in a row had a non-finite" in record["error"]
         assert record["changed"] == [False]
+
+
+class _Steps(Callback):
+    """Counts training batches; keeps each batch's epoch."""
+
+    def __init__(self):
+        self.epochs = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.epochs.append(trainer.current_epoch)
+
+
+def _spy_updates(monkeypatch):
+    """Records every loss call (log-probs, old log-probs, rows normalised over, clip) and every forward (rows,
+    with gradients or not)."""
+    losses, forwards = [], []
+    real_loss, real_forward = update_module.compute_grpo_loss, PolicyUpdate._forward
+
+    def loss(logps, old_logps, advantages, mask, normaliser, **kwargs):
+        losses.append((logps.detach().clone(), old_logps.clone(), normaliser.num_sequences, kwargs["clip"]))
+        return real_loss(logps, old_logps, advantages, mask, normaliser, **kwargs)
+
+    def forward(self, rollouts, rows, with_entropy):
+        forwards.append((rows.tolist(), torch.is_grad_enabled()))
+        return real_forward(self, rollouts, rows, with_entropy)
+
+    monkeypatch.setattr(update_module, "compute_grpo_loss", loss)
+    monkeypatch.setattr(PolicyUpdate, "_forward", forward)
+    return losses, forwards
+
+
+def test_two_updates_per_batch_each_train_half_the_groups_once_against_old_logps(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    losses, forwards = _spy_updates(monkeypatch)
+    steps = _Steps()
+    module = tiny_module(tiny_model_dir, steps_per_generation=2)
+    trainer = tiny_trainer(tmp_path, max_steps=4, limit_val_batches=0, callbacks=[steps])
+    trainer.fit(module, datamodule=make_data())  # 4 questions x K = 4: 16 rows, 4 groups a batch
+    # global_step, max_steps and the schedule count optimizer updates: 2 batches of 2 updates each.
+    assert len(steps.epochs) == 2 and trainer.global_step == 4
+    assert module.lr_schedulers().last_epoch == 4 and module._total_steps == 4
+    everything, first, second = list(range(16)), [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    # Per batch: every row scored once without gradients, then each update trains its groups once.
+    assert forwards == [(everything, False), (first, True), (second, True)] * 2
+    assert [rows for _, _, rows, _ in losses] == [8, 8, 8, 8]  # each update normalised by its own rows
+    for update, (logps, old, _, clip) in enumerate(losses):
+        assert clip  # no replay callback: the clip always acts
+        moved = (logps - old).abs().max()
+        # The first update starts where the batch was scored; the second's old log-probs are from before the
+        # first update, so its ratio is not 1 and the clip can act.
+        assert moved < 1e-6 if update % 2 == 0 else moved > 1e-5
+
+
+@pytest.mark.parametrize(
+    ("clip_after_replay_starts", "expected"), [(False, [True, False]), (True, [True, True])]
+)
+def test_fresh_rows_lose_the_clip_once_replay_starts_only_when_asked(
+    tiny_model_dir, tmp_path, monkeypatch, clip_after_replay_starts, expected
+):
+    from exgrpo_pl.callbacks import ReplayCallback
+
+    losses, _ = _spy_updates(monkeypatch)
+    steps = _Steps()
+    replay = ReplayCallback(
+        mode="mix", replay_start_epoch=1, min_buffer_size=1
+    )  # the phase starts at epoch 1
+    module = tiny_module(tiny_model_dir, clip_after_replay_starts=clip_after_replay_starts)
+    trainer = tiny_trainer(
+        tmp_path,
+        max_steps=-1,
+        max_epochs=2,
+        limit_train_batches=1,
+        limit_val_batches=0,
+        callbacks=[replay, steps],
+    )
+    trainer.fit(module, datamodule=make_data())
+    assert steps.epochs == [0, 1]
+    assert [clip for *_, clip in losses] == expected
+
+
+def test_more_updates_than_questions_is_an_error_before_training(tiny_model_dir, tmp_path):
+    trainer = tiny_trainer(tmp_path, max_steps=1)
+    with pytest.raises(
+        ValueError, match=r"steps_per_generation=5: .*batch's 4 questions \(data.batch_size\)"
+    ):
+        trainer.fit(tiny_module(tiny_model_dir, steps_per_generation=5), datamodule=make_data())

@@ -60,15 +60,17 @@ class StepOptions(Callback):
             torch.save(self.grads, self.out_path / f"rank{trainer.global_rank}.pt")
 
 
-def fit(model_dir, devices, callback, root):
+def fit(model_dir, devices, callback, root, steps_per_generation=1):
     module = FixedRollouts(
         model_dir, num_generations=K, max_completion_length=4, learning_rate=1e-3,
         reward_timeout_seconds=None, micro_batch_size=3, max_grad_norm=0.0, beta=0.1, entropy_coef=0.01,
+        steps_per_generation=steps_per_generation,
     )  # fmt: skip
     trainer = Trainer(
         accelerator="cpu", devices=devices, strategy="ddp_fork" if devices > 1 else "auto",
-        max_steps=len(STEPS), logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=[callback], default_root_dir=root,
+        max_steps=len(STEPS) * steps_per_generation, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[callback],
+        default_root_dir=root,
     )  # fmt: skip
     data = PromptDataModule(
         synthetic=ArithmeticTask(64, seed=1), batch_size=PROMPTS_PER_RANK * RANKS // devices, val_fraction=0.0
@@ -76,14 +78,18 @@ def fit(model_dir, devices, callback, root):
     trainer.fit(module, datamodule=data)
 
 
-def test_two_ranks_apply_the_gradient_of_their_whole_batch(tiny_model_dir, tmp_path):
-    fit(tiny_model_dir, RANKS, StepOptions(tmp_path), tmp_path)
+@pytest.mark.parametrize("steps_per_generation", [1, 2])
+def test_two_ranks_apply_the_gradient_of_their_whole_batch(tiny_model_dir, tmp_path, steps_per_generation):
+    """With 2 updates a batch each rank deals its 2 groups out to them, as one process deals its 4: update 0
+    trains groups 0 and 2 either way."""
+    fit(tiny_model_dir, RANKS, StepOptions(tmp_path), tmp_path, steps_per_generation)
     one_rank = StepOptions()
-    fit(tiny_model_dir, 1, one_rank, tmp_path)
+    fit(tiny_model_dir, 1, one_rank, tmp_path, steps_per_generation)
 
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(RANKS)]
-    assert len(one_rank.grads) == len(ranks[0]) == len(STEPS)
-    for step, (options, expected) in enumerate(zip(STEPS, one_rank.grads)):
+    assert len(one_rank.grads) == len(ranks[0]) == len(STEPS) * steps_per_generation
+    options_of_update = [options for options in STEPS for _ in range(steps_per_generation)]
+    for step, (options, expected) in enumerate(zip(options_of_update, one_rank.grads)):
         scale = expected.abs().max()
         assert scale > 0
         for rank in ranks:
