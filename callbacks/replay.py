@@ -43,8 +43,11 @@ class ReplayCallback(Callback):
     `replay_start_epoch`, and a training batch's pass rate has exceeded `start_pass_rate`. From then on,
     each step replays with probability `replay.replay_probability`, provided the buffer holds at least
     `min_buffer_size` trajectories on every rank; otherwise the step stays on-policy and is counted in
-    `replay/fallback_steps`. Every decision is taken identically on all ranks (a shared seeded coin and
-    all-reduced conditions), since a rank that generates while another does not deadlocks under ZeRO-3.
+    `replay/fallback_steps`. In swap mode, which generates nothing on a replay step, at most
+    `max_consecutive_replay_steps` replay steps run in a row: the next step is fresh whatever the coin says
+    (counted in `replay/forced_fresh_steps`), so new rollouts keep reaching the buffer and the bucketer. Every
+    decision is taken identically on all ranks (a shared seeded coin and all-reduced conditions), since a
+    rank that generates while another does not deadlocks under ZeRO-3.
 
     The paper's trajectory selection rescores stored trajectories with the policy, and each rank has its
     own buffer, so ranks have different numbers to rescore (or none). Under ZeRO-3 and FSDP, where every
@@ -94,6 +97,7 @@ class ReplayCallback(Callback):
         min_buffer_size: int = 1000,
         bounded_demand: bool = False,
         displaced_questions: str = "discard",
+        max_consecutive_replay_steps: int = 4,
     ) -> None:
         self.buffer = buffer if buffer is not None else TrajectoryBuffer()
         self.replay = replay if replay is not None else SelectiveReplay()
@@ -104,6 +108,9 @@ class ReplayCallback(Callback):
         self.min_buffer_size = min_buffer_size
         self.bounded_demand = bool(bounded_demand)
         self.displaced_questions = displaced_questions
+        self.max_consecutive_replay_steps = max_consecutive_replay_steps
+        self.consecutive_replay_steps = 0  # swap replay steps in a row up to the last step
+        self.forced_fresh_steps = 0  # steps kept fresh by max_consecutive_replay_steps
         self.deferred_total = 0  # questions deferred in this run, resumes included
         self._warned_small_stream = False
         self.pass_rate_reached = False  # whether a step's fresh pass rate exceeded start_pass_rate
@@ -144,7 +151,6 @@ class ReplayCallback(Callback):
             )
         replay_checks.check_options(self)
         replay_checks.check_trainer(self, trainer)
-        replay_checks.warn_if_swap_starves(self)
         self._contract.mode = self.mode
         self._rank_writes_own_file = zero_stage(trainer) == 3
         self.replay.follow_run_seed()
@@ -211,7 +217,12 @@ class ReplayCallback(Callback):
         replay_checks.check_mix_batch(self, len(batch["prompt"]))
         self.buffer.bucketer.epoch = trainer.current_epoch
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
+        # Any step that returns before the end below generates: the run of swap replay steps ends there.
+        in_a_row, self.consecutive_replay_steps = self.consecutive_replay_steps, 0
         if not self.replay_active(trainer) or not self.replay.should_replay():
+            return
+        if self.mode == "swap" and in_a_row >= self.max_consecutive_replay_steps:
+            self.forced_fresh_steps += 1
             return
         size = self._demand(len(batch["prompt"]), pl_module.num_generations)
         if self.defers and self.mode == "mix":  # as many displaced on every rank: their streams stay alike
@@ -234,6 +245,8 @@ class ReplayCallback(Callback):
             return
         batch["experience"] = Experience(self.mode, experience)
         self.replayed_steps += 1
+        if self.mode == "swap":
+            self.consecutive_replay_steps = in_a_row + 1
         if self.defers:
             self._defer_displaced(trainer, batch, len(experience))
 
@@ -293,6 +306,7 @@ class ReplayCallback(Callback):
             "replay/retired": float(len(self.buffer.bucketer.retired)),
             "replay/fallback_steps": float(self.fallback_steps),
             "replay/replayed_steps": float(self.replayed_steps),
+            "replay/forced_fresh_steps": float(self.forced_fresh_steps),
             **self.last_timings,
         }
         if self.defers:  # waiting: where the datamodule says (PromptDataModule.deferred_waiting)
@@ -333,6 +347,8 @@ class ReplayCallback(Callback):
             "fallback_steps": self.fallback_steps,
             "replayed_steps": self.replayed_steps,
             "deferred_total": self.deferred_total,
+            "consecutive_replay_steps": self.consecutive_replay_steps,
+            "forced_fresh_steps": self.forced_fresh_steps,
             "options": replay_checks.options(self),
             # A module of one's own may sample from the global generators: a resume continues them.
             "global_rng": global_rng_state(),
@@ -388,5 +404,8 @@ class ReplayCallback(Callback):
         self.fallback_steps = own["fallback_steps"]
         self.replayed_steps = own["replayed_steps"]
         self.deferred_total = own.get("deferred_total", 0)  # saved since displaced_questions exists
+        # Saved since max_consecutive_replay_steps exists; before, no run of swap steps was counted.
+        self.consecutive_replay_steps = own.get("consecutive_replay_steps", 0)
+        self.forced_fresh_steps = own.get("forced_fresh_steps", 0)
         if "global_rng" in own:  # saved since the callback restores them
             restore_global_rng_state(own["global_rng"])

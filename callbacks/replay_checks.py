@@ -45,6 +45,7 @@ def check_options(callback) -> None:
     check_number(name, "replay_start_epoch", callback.replay_start_epoch, 0, integer=True, optional=True)
     check_number(name, "start_pass_rate", callback.start_pass_rate, 0, 1, optional=True)
     check_number(name, "min_buffer_size", callback.min_buffer_size, 1, integer=True)
+    check_number(name, "max_consecutive_replay_steps", callback.max_consecutive_replay_steps, 1, integer=True)
     if callback.displaced_questions not in DISPLACED_QUESTIONS:
         raise ValueError(
             f"{name} displaced_questions={callback.displaced_questions!r}; allowed: "
@@ -94,19 +95,6 @@ def check_module(callback, module) -> None:
                 f"{error}. ReplayCallback's strategy {callback.replay.strategy!r} rescores stored "
                 f"trajectories with it at every replay step; see {CONTRACT_DOC}"
             ) from error
-
-
-def warn_if_swap_starves(callback) -> None:
-    """Warns (call in `setup`) when swap mode would replay on every step: from the step the buffer holds
-    `min_buffer_size` trajectories on, nothing new would be generated, stored or learned from."""
-    p = callback.replay.replay_probability
-    if callback.mode == "swap" and p >= 1:
-        rank_zero_warn(
-            f"ReplayCallback mode='swap' with SelectiveReplay replay_probability={p}: once the buffer holds "
-            f"min_buffer_size={callback.min_buffer_size} trajectories, every step trains on stored rows and "
-            "generates nothing new, so the buffer never changes again and the same rows come back. Use "
-            "replay_probability < 1 (the seed: 0.3), or mode='mix', which samples fresh rollouts every step"
-        )
 
 
 def check_mix_batch(callback, questions: int) -> None:

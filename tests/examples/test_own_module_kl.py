@@ -155,9 +155,13 @@ def test_mix_mode_with_a_batch_of_one_is_stopped(tmp_path, tiny_model_dir):
         fit(tmp_path, tiny(ready.GRPO, tiny_model_dir), [replay("mix")], batch_size=1)
 
 
-def test_swap_on_every_step_is_warned_about(tmp_path, tiny_model_dir):
-    with pytest.warns(UserWarning, match="replay_probability=1.0: once the buffer holds min_buffer_size=1"):
-        fit(tmp_path, tiny(ready.GRPO, tiny_model_dir), [replay("swap")], max_steps=1)
+def test_swap_on_every_step_still_generates_after_four_replay_steps(tmp_path, tiny_model_dir):
+    """Swap with replay_probability 1 no longer trains on stored rows alone from the first replay on: the
+    default max_consecutive_replay_steps=4 makes every fifth step sample, score and store new rollouts."""
+    record, callback = RecordRollouts(), replay("swap")
+    fit(tmp_path, tiny(ready.GRPO, tiny_model_dir), [callback, record], max_steps=6)
+    assert [bool(r.replayed.any()) for r in record.rollouts] == [False, True, True, True, True, False]
+    assert len(record.rollouts[-1]) == 16 and callback.forced_fresh_steps == 1
 
 
 def test_resume_continues_the_global_rng_the_module_samples_from(tmp_path, tiny_model_dir):
