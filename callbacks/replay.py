@@ -84,6 +84,11 @@ class ReplayCallback(Callback):
             longer; needs a datamodule with `stream_passes()` and `defer_questions()`, as
             `PromptDataModule`). Under DDP, "defer" makes every rank replay the fewest questions any rank
             replays at that step.
+        max_consecutive_replay_steps: swap mode: the most replay steps in a row; the step after them is
+            fresh (its coin is still drawn, so every other decision stays the coin's). The default 4 keeps
+            one step in five fresh at `replay_probability` 1, where without a floor nothing new would ever
+            be generated, and at the seed's 0.3 binds only after five heads in a row (probability 0.3^5 ~
+            0.0024). Mix mode samples fresh rollouts on every step and ignores it.
     """
 
     def __init__(
@@ -111,6 +116,8 @@ class ReplayCallback(Callback):
         self.max_consecutive_replay_steps = max_consecutive_replay_steps
         self.consecutive_replay_steps = 0  # swap replay steps in a row up to the last step
         self.forced_fresh_steps = 0  # steps kept fresh by max_consecutive_replay_steps
+        # (stored rows, B x K) while a swap step that hands training_step fewer than B x K rows runs
+        self._short_swap_step: tuple[int, int] | None = None
         self.deferred_total = 0  # questions deferred in this run, resumes included
         self._warned_small_stream = False
         self.pass_rate_reached = False  # whether a step's fresh pass rate exceeded start_pass_rate
@@ -217,6 +224,7 @@ class ReplayCallback(Callback):
         replay_checks.check_mix_batch(self, len(batch["prompt"]))
         self.buffer.bucketer.epoch = trainer.current_epoch
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
+        self._short_swap_step = None
         # Any step that returns before the end below generates: the run of swap replay steps ends there.
         in_a_row, self.consecutive_replay_steps = self.consecutive_replay_steps, 0
         if not self.replay_active(trainer) or not self.replay.should_replay():
@@ -247,6 +255,8 @@ class ReplayCallback(Callback):
         self.replayed_steps += 1
         if self.mode == "swap":
             self.consecutive_replay_steps = in_a_row + 1
+            full = len(batch["prompt"]) * pl_module.num_generations
+            self._short_swap_step = (len(experience), full) if len(experience) < full else None
         if self.defers:
             self._defer_displaced(trainer, batch, len(experience))
 
@@ -275,6 +285,7 @@ class ReplayCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._short_swap_step = None
         checked = len(self._contract.checked)
         rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations)
         if len(self._contract.checked) > checked:  # the first step of its kind: its fields were checked
@@ -290,6 +301,11 @@ class ReplayCallback(Callback):
             self.buffer.add(rollouts.to("cpu"))
         self.last_timings["timing/replay_add"] = time.perf_counter() - started
         self._log(trainer, pl_module, rollouts)
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self._short_swap_step is not None:  # the step that failed was a swap step with fewer rows
+            replay_checks.note_short_swap_step(exception, *self._short_swap_step)
 
     def _log(self, trainer: Trainer, pl_module: LightningModule, rollouts) -> None:
         if not writes_step_metrics(trainer):  # only when a logger will see it: tier counts scan the buffer

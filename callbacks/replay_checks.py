@@ -12,6 +12,8 @@
 - A resume with other replay options than the checkpoint's lists them, as the module does for its own
   (`options`, `warn_changed`; an option the checkpoint predates counts as its default, `defaults`); a
   checkpoint saved without a `ReplayCallback` is said to start replay afresh.
+- A shape error in a swap step that handed the module fewer than B x K rows gets a note naming the cause
+  (a reshape by K) and the fix (`note_short_swap_step`).
 """
 
 from __future__ import annotations
@@ -95,6 +97,22 @@ def check_module(callback, module) -> None:
                 f"{error}. ReplayCallback's strategy {callback.replay.strategy!r} rescores stored "
                 f"trajectories with it at every replay step; see {CONTRACT_DOC}"
             ) from error
+
+
+def note_short_swap_step(exception: BaseException, rows: int, full: int) -> None:
+    """Adds the cause and the fix to a `RuntimeError` (torch's shape errors) raised in a swap replay step that
+    handed `training_step` `rows` < `full` = B x K stored rows: torch's bare "shape '[-1, 4]' is invalid for
+    input of size 6" does not say that a module's reshape by K (`view(-1, K)`) met a batch in groups of 1.
+    A `ContractError` (a `ValueError`) already names its fix."""
+    if not isinstance(exception, RuntimeError):
+        return
+    exception.add_note(
+        f"ReplayCallback: this step was a swap replay step, which hands training_step only the {rows} stored"
+        f" rows it replays, in groups of 1 (rollouts.group_size == 1), not batch_size x num_generations ="
+        f" {full} rows in groups of K. A reshape by K, such as view(-1, K), fails on it: reshape by"
+        " k = rollouts.group_size instead (K on other steps, 1 on a swap step). See 'Swap's shorter batches'"
+        f" in {CONTRACT_DOC}."
+    )
 
 
 def check_mix_batch(callback, questions: int) -> None:

@@ -164,6 +164,46 @@ def test_swap_on_every_step_still_generates_after_four_replay_steps(tmp_path, ti
     assert len(record.rollouts[-1]) == 16 and callback.forced_fresh_steps == 1
 
 
+class ReshapesByK(ready.GRPO):
+    """Reshapes a step's rows by K, as examples/grpo_kl.py's loss does (`per_row.view(-1, k)`)."""
+
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        out["rollouts"].rewards.view(-1, self.num_generations)  # [B, K]: not a swap step's stored rows
+        return out
+
+
+class RecordExperience(Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.rows.append(len(batch["experience"].rollouts) if "experience" in batch else None)
+
+
+def test_a_reshape_by_k_in_a_short_swap_step_names_the_cause_and_the_fix(tmp_path, tiny_model_dir):
+    record = RecordExperience()
+    with pytest.raises(RuntimeError, match=r"shape '\[-1, 4\]' is invalid for input of size") as caught:
+        fit(tmp_path, tiny(ReshapesByK, tiny_model_dir), [replay("swap"), record], max_steps=3)
+    rows = record.rows[-1]
+    assert record.rows[0] is None and rows % 4  # a fresh step passed; the swap step's rows do not fit K
+    (note,) = caught.value.__notes__
+    assert f"this step was a swap replay step, which hands training_step only the {rows} stored rows" in note
+    assert "not batch_size x num_generations = 16 rows in groups of K" in note
+    assert "reshape by k = rollouts.group_size instead" in note and "docs/replay_contract.md" in note
+
+
+class FailsOnItsFirstStep(ready.GRPO):
+    def training_step(self, batch, batch_idx):
+        torch.zeros(6).view(-1, 4)
+
+
+def test_a_shape_error_outside_a_swap_step_is_left_as_torch_raised_it(tmp_path, tiny_model_dir):
+    with pytest.raises(RuntimeError, match="is invalid for input of size 6") as caught:
+        fit(tmp_path, tiny(FailsOnItsFirstStep, tiny_model_dir), [replay("swap")], max_steps=1)
+    assert not getattr(caught.value, "__notes__", None)
+
+
 def test_resume_continues_the_global_rng_the_module_samples_from(tmp_path, tiny_model_dir):
     """2 steps + resume + 2 steps equals 4 steps, bitwise: the callback's state carries the global RNG
     states that `generate(do_sample=True)` draws from."""
