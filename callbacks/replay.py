@@ -29,6 +29,7 @@ from exgrpo_pl.callbacks.collectives import (
 )
 from exgrpo_pl.callbacks.global_rng import global_rng_state, restore_global_rng_state
 from exgrpo_pl.callbacks.rescoring import Rescoring
+from exgrpo_pl.checkpoints.resume import resumable_fit_progress, settle_resumed_step_count
 from exgrpo_pl.contract import Experience, ReplayableModule, StepChecker
 from exgrpo_pl.experience.buffer import TrajectoryBuffer
 from exgrpo_pl.experience.replay import SelectiveReplay
@@ -118,6 +119,7 @@ class ReplayCallback(Callback):
         self.forced_fresh_steps = 0  # steps kept fresh by max_consecutive_replay_steps
         # (stored rows, B x K) while a swap step that hands training_step fewer than B x K rows runs
         self._short_swap_step: tuple[int, int] | None = None
+        self._resumed_at: str | None = None  # resumable_fit_progress's answer for the checkpoint resumed from
         self.deferred_total = 0  # questions deferred in this run, resumes included
         self._warned_small_stream = False
         self.pass_rate_reached = False  # whether a step's fresh pass rate exceeded start_pass_rate
@@ -178,6 +180,8 @@ class ReplayCallback(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._resumed_at == "epoch end":
+            settle_resumed_step_count(trainer)
         replay_checks.warn_if_unreachable(self, trainer, pl_module.num_generations)
 
     @override
@@ -381,6 +385,10 @@ class ReplayCallback(Callback):
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         replay_checks.warn_if_saved_without(self, checkpoint)
+        # Lightning resumes a checkpoint saved after a batch's end (max_steps, an epoch's end) one batch off;
+        # ExGRPOModule rewrites its progress itself (before this hook: then this finds nothing to rewrite),
+        # a module of one's own does not, and its replay would go on from another step than the saved one.
+        self._resumed_at = resumable_fit_progress(checkpoint)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

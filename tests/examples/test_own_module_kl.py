@@ -221,6 +221,24 @@ def test_resume_continues_the_global_rng_the_module_samples_from(tmp_path, tiny_
         assert torch.equal(a, b)
 
 
+def test_resume_from_an_epochs_end_continues_bitwise(tmp_path, tiny_model_dir):
+    """Stopped by max_steps at an epoch's last batch (Lightning's progress of such a checkpoint resumes one
+    batch off, which ExGRPOModule corrects for itself): the callback corrects it for a module of one's own."""
+    epoch = dict(limit_train_batches=2, max_epochs=10)
+    whole = tiny(ready.GRPO, tiny_model_dir)
+    fit(tmp_path / "whole", whole, [replay("mix", 0.5)], max_steps=4, **epoch)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    first = tiny(ready.GRPO, tiny_model_dir)
+    fit(tmp_path / "a", first, [replay("mix", 0.5), checkpoint], max_steps=2, enable_checkpointing=True,
+        **epoch)  # fmt: skip
+    resumed, callback = tiny(ready.GRPO, tiny_model_dir), replay("mix", 0.5)
+    ckpt = str(tmp_path / "ckpt" / "last.ckpt")
+    trainer = fit(tmp_path / "b", resumed, [callback], max_steps=4, ckpt_path=ckpt, **epoch)
+    assert (trainer.global_step, trainer.current_epoch) == (4, 2)
+    for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("argv", [[], ["--mode", "mix"], ["--mode", "swap"]])
 def test_runs_as_a_script_on_the_embedded_policy(argv):
