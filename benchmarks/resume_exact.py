@@ -11,6 +11,13 @@ S steps straight against a run stopped and then resumed with `--ckpt_path last` 
 Besides the shipped configs, variants of one with a ReplayCallback option changed (`VARIANTS`): exgrpo_defer
 is configs/exgrpo.yaml with `displaced_questions: defer`, whose training stream goes on across epochs.
 
+A module of one's own (`OWN_MODULES`): own_module_kl_mix and own_module_kl_swap train the GRPO module of
+examples/own_module_kl.py (it samples inline with `generate(do_sample=True)`, from the global torch
+generator) with the example's ReplayCallback in mix or swap mode, through a Python `Trainer`
+(`fit_own_module`, each run in a fresh process) with the checkpointing docs/reliability.md gives for one's
+own script (`AtomicCheckpointIO`, `SafeModelCheckpoint`, `ckpt_path="last"`). Cases mid and end; the kill
+case is the CLI's.
+
 Compares the two runs' final checkpoints (weights, Adam state and schedule, the replay buffer and
 generators, the sampling RNG, the loops with the data loader's pass and position, the retired questions,
 the token counters) and the logged train/reward series, and prints the largest difference of each.
@@ -19,6 +26,7 @@ the token counters) and the logged train/reward series, and prints the largest d
     python benchmarks/resume_exact.py --configs quickstart --cases mid kill
     python benchmarks/resume_exact.py --configs grpo_baseline --steps 12 --questions 200   # a smoke run
     python benchmarks/resume_exact.py --configs exgrpo_defer                         # the deferring variant
+    python benchmarks/resume_exact.py --configs own_module_kl_mix own_module_kl_swap  # a module of one's own
 
 Writes benchmarks/results/resume_exact.json (merged with the cases already there).
 """
@@ -26,14 +34,16 @@ Writes benchmarks/results/resume_exact.json (merged with the cases already there
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -53,7 +63,11 @@ SHIPPED = sorted(
 )
 # A shipped config with ReplayCallback options changed: name -> (config, the options)
 VARIANTS = {"exgrpo_defer": ("exgrpo", {"displaced_questions": "defer"})}
-CONFIGS = SHIPPED + sorted(VARIANTS)
+# examples/own_module_kl.py's module through a Python Trainer: name -> the ReplayCallback's mode
+OWN_MODULES = {"own_module_kl_mix": "mix", "own_module_kl_swap": "swap"}
+OWN_MODULE_CASES = ["mid", "end"]
+OWN_MODULE_QUESTIONS = 500  # the example's main()
+CONFIGS = SHIPPED + sorted(VARIANTS) + sorted(OWN_MODULES)
 CASES = ["mid", "kill", "end"]
 STEPS = 60  # the mid case stops half-way
 
@@ -193,7 +207,9 @@ PARTS = {
 }
 
 
-def compare(straight: Path, resumed: Path) -> dict:
+def compare(straight: Path, resumed: Path, reward_tag: str = "train/reward") -> dict:
+    """Part by part (`PARTS`), the largest difference of the two runs' final checkpoints, and the steps whose
+    logged reward (`reward_tag`) differs."""
     a, b = final_checkpoint(straight), final_checkpoint(resumed)
     for checkpoint in (a, b):  # the replay state only: the checkpoint callback's state names its own folder
         checkpoint["replay"] = _replay_state(checkpoint)
@@ -202,7 +218,7 @@ def compare(straight: Path, resumed: Path) -> dict:
         diffs = largest_differences(a.get(key), b.get(key), key)
         worst = max(diffs.items(), key=lambda kv: kv[1], default=("", 0.0))
         out[name] = {"max_abs_diff": worst[1], "where": worst[0] if worst[1] else ""}
-    rewards_a, rewards_b = series(straight, "train/reward"), series(resumed, "train/reward")
+    rewards_a, rewards_b = series(straight, reward_tag), series(resumed, reward_tag)
     steps = sorted(rewards_b)
     out["train_reward"] = {
         "resumed_logged_steps": [steps[0], steps[-1]] if steps else [],
@@ -226,8 +242,10 @@ def _replay_state(checkpoint: dict) -> dict | None:
 
 
 def run_config(name: str, cases: list[str], tmp: Path, steps: int, questions: int | None) -> dict:
-    """The config's cases. The straight run of each horizon is trained once, alongside the split runs (in a
-    process of its own: it depends on none of them)."""
+    """The config's cases (a module of one's own: `run_own_module`). The straight run of each horizon is
+    trained once, alongside the split runs (in a process of its own: it depends on none of them)."""
+    if name in OWN_MODULES:
+        return run_own_module(name, cases, tmp, steps, questions)
     work = tmp / name
     work.mkdir()
     path = config_path(name, work, questions)
@@ -254,14 +272,89 @@ def run_config(name: str, cases: list[str], tmp: Path, steps: int, questions: in
                 "resumed_from_step": stop,
                 **compare(straight[horizon].result(), versions(split)[-1]),
             }
-            print(
-                f"{name:21s} {case:4s} {stop:3d} -> {horizon:3d}: exact={r['exact']}"
-                f"  weights {r['weights']['max_abs_diff']:.3g}  adam {r['adam_state']['max_abs_diff']:.3g}"
-                f"  buffer rows {r['buffer_rows']}  replayed {r['replayed_steps']}  retired {r['retired']}"
-                f"  excluded from stream {r['excluded_from_stream']}"
-                f"  reward steps differing {r['train_reward']['steps_differing']}",
-                flush=True,
-            )
+            report(name, r)
+    return results
+
+
+def report(name: str, r: dict) -> None:
+    print(
+        f"{name:21s} {r['case']:4s} {r['resumed_from_step']:3d} -> {r['steps']:3d}: exact={r['exact']}"
+        f"  weights {r['weights']['max_abs_diff']:.3g}  adam {r['adam_state']['max_abs_diff']:.3g}"
+        f"  buffer rows {r['buffer_rows']}  replayed {r['replayed_steps']}  retired {r['retired']}"
+        f"  excluded from stream {r['excluded_from_stream']}"
+        f"  reward steps differing {r['train_reward']['steps_differing']}",
+        flush=True,
+    )
+
+
+def own_module_data(questions: int | None):
+    from exgrpo_pl.data import ArithmeticTask
+
+    task = ArithmeticTask(num_questions=questions or OWN_MODULE_QUESTIONS)
+    return PromptDataModule(synthetic=task, batch_size=8)  # the example's main()
+
+
+def fit_own_module(workdir: Path, mode: str, steps: int, questions: int | None, resume: bool) -> None:
+    """examples/own_module_kl.py's GRPO and ReplayCallback as its `main()` builds them, trained to `steps`
+    (resumed from `workdir`'s newest complete checkpoint), checkpointed as docs/reliability.md says for
+    one's own script; run in a fresh process."""
+    from lightning.pytorch import Trainer, seed_everything
+
+    from exgrpo_pl.callbacks import ReplayCallback
+    from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
+    from exgrpo_pl.experience import SelectiveReplay
+
+    spec = importlib.util.spec_from_file_location("own_module_kl", ROOT / "examples" / "own_module_kl.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    seed_everything(0)
+    replay = SelectiveReplay("gaussian_lowest_entropy", replay_probability=0.5)
+    callbacks = [
+        ReplayCallback(mode=mode, min_buffer_size=64, replay=replay),
+        SafeModelCheckpoint(save_last=True),
+    ]
+    trainer = Trainer(
+        max_steps=steps, max_epochs=100, accelerator="cpu", limit_val_batches=0, log_every_n_steps=1,
+        default_root_dir=workdir, enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],
+    )  # fmt: skip
+    trainer.fit(example.GRPO(), own_module_data(questions), ckpt_path="last" if resume else None)
+
+
+def run_own_module(name: str, cases: list[str], tmp: Path, steps: int, questions: int | None) -> dict:
+    """The mid and end cases of a module of one's own (`fit_own_module`): the straight runs, then each split
+    run stopped and resumed, every run in a process of its own."""
+    work, mode = tmp / name, OWN_MODULES[name]
+    work.mkdir()
+    data = own_module_data(questions)
+    data.setup("fit")
+    epoch = len(data.train_dataloader())
+    cases = [case for case in cases if case in OWN_MODULE_CASES]
+    horizons = {case: max(steps, epoch + 4) if case == "end" else steps for case in cases}
+    results = {}
+    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing carries over but the files
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        straight = {}
+        for horizon in sorted(set(horizons.values())):
+            straight[horizon] = work / f"straight-{horizon}"
+            straight[horizon].mkdir()
+            pool.submit(fit_own_module, straight[horizon], mode, horizon, questions, False).result()
+        for case in cases:
+            horizon, split = horizons[case], work / case
+            split.mkdir()
+            stop = steps // 2 if case == "mid" else epoch
+            pool.submit(fit_own_module, split, mode, stop, questions, False).result()
+            pool.submit(fit_own_module, split, mode, horizon, questions, True).result()
+            where = "examples/own_module_kl.py's GRPO" + (f", {questions} questions" if questions else "")
+            results[f"{name}/{case}"] = r = {
+                "config": f"{where}, ReplayCallback(mode={mode!r}), Python Trainer",
+                "case": case,
+                "steps": horizon,
+                "steps_per_epoch": epoch,
+                "resumed_from_step": stop,
+                **compare(versions(straight[horizon])[0], versions(split)[-1], reward_tag="reward"),
+            }
+            report(name, r)
     return results
 
 
@@ -277,7 +370,7 @@ def code_version() -> str:
     """The commit the package came from, with "+changes" when its code or the configs differ from it."""
     git = ["git", "-C", str(ROOT)]
     commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
-    watched = ["exgrpo_pl", "callbacks", "configs", "benchmarks/resume_exact.py"]
+    watched = ["exgrpo_pl", "callbacks", "configs", "examples/own_module_kl.py", "benchmarks/resume_exact.py"]
     changed = subprocess.run([*git, "status", "--porcelain", *watched], capture_output=True, text=True).stdout
     return commit.strip() + ("+changes" if changed.strip() else "")
 

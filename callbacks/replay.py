@@ -29,6 +29,7 @@ from exgrpo_pl.callbacks.collectives import (
 )
 from exgrpo_pl.callbacks.global_rng import global_rng_state, restore_global_rng_state
 from exgrpo_pl.callbacks.rescoring import Rescoring
+from exgrpo_pl.checkpoints.resume import resumable_fit_progress, settle_resumed_step_count
 from exgrpo_pl.contract import Experience, ReplayableModule, StepChecker
 from exgrpo_pl.experience.buffer import TrajectoryBuffer
 from exgrpo_pl.experience.replay import SelectiveReplay
@@ -43,8 +44,11 @@ class ReplayCallback(Callback):
     `replay_start_epoch`, and a training batch's pass rate has exceeded `start_pass_rate`. From then on,
     each step replays with probability `replay.replay_probability`, provided the buffer holds at least
     `min_buffer_size` trajectories on every rank; otherwise the step stays on-policy and is counted in
-    `replay/fallback_steps`. Every decision is taken identically on all ranks (a shared seeded coin and
-    all-reduced conditions), since a rank that generates while another does not deadlocks under ZeRO-3.
+    `replay/fallback_steps`. In swap mode, which generates nothing on a replay step, at most
+    `max_consecutive_replay_steps` replay steps run in a row: the next step is fresh whatever the coin says
+    (counted in `replay/forced_fresh_steps`), so new rollouts keep reaching the buffer and the bucketer. Every
+    decision is taken identically on all ranks (a shared seeded coin and all-reduced conditions), since a
+    rank that generates while another does not deadlocks under ZeRO-3.
 
     The paper's trajectory selection rescores stored trajectories with the policy, and each rank has its
     own buffer, so ranks have different numbers to rescore (or none). Under ZeRO-3 and FSDP, where every
@@ -81,6 +85,11 @@ class ReplayCallback(Callback):
             longer; needs a datamodule with `stream_passes()` and `defer_questions()`, as
             `PromptDataModule`). Under DDP, "defer" makes every rank replay the fewest questions any rank
             replays at that step.
+        max_consecutive_replay_steps: swap mode: the most replay steps in a row; the step after them is
+            fresh (its coin is still drawn, so every other decision stays the coin's). The default 4 keeps
+            one step in five fresh at `replay_probability` 1, where without a floor nothing new would ever
+            be generated, and at the seed's 0.3 binds only after five heads in a row (probability 0.3^5 ~
+            0.0024). Mix mode samples fresh rollouts on every step and ignores it.
     """
 
     def __init__(
@@ -94,6 +103,7 @@ class ReplayCallback(Callback):
         min_buffer_size: int = 1000,
         bounded_demand: bool = False,
         displaced_questions: str = "discard",
+        max_consecutive_replay_steps: int = 4,
     ) -> None:
         self.buffer = buffer if buffer is not None else TrajectoryBuffer()
         self.replay = replay if replay is not None else SelectiveReplay()
@@ -104,6 +114,12 @@ class ReplayCallback(Callback):
         self.min_buffer_size = min_buffer_size
         self.bounded_demand = bool(bounded_demand)
         self.displaced_questions = displaced_questions
+        self.max_consecutive_replay_steps = max_consecutive_replay_steps
+        self.consecutive_replay_steps = 0  # swap replay steps in a row up to the last step
+        self.forced_fresh_steps = 0  # steps kept fresh by max_consecutive_replay_steps
+        # (stored rows, B x K) while a swap step that hands training_step fewer than B x K rows runs
+        self._short_swap_step: tuple[int, int] | None = None
+        self._resumed_at: str | None = None  # resumable_fit_progress's answer for the checkpoint resumed from
         self.deferred_total = 0  # questions deferred in this run, resumes included
         self._warned_small_stream = False
         self.pass_rate_reached = False  # whether a step's fresh pass rate exceeded start_pass_rate
@@ -144,7 +160,6 @@ class ReplayCallback(Callback):
             )
         replay_checks.check_options(self)
         replay_checks.check_trainer(self, trainer)
-        replay_checks.warn_if_swap_starves(self)
         self._contract.mode = self.mode
         self._rank_writes_own_file = zero_stage(trainer) == 3
         self.replay.follow_run_seed()
@@ -165,6 +180,8 @@ class ReplayCallback(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._resumed_at == "epoch end":
+            settle_resumed_step_count(trainer)
         replay_checks.warn_if_unreachable(self, trainer, pl_module.num_generations)
 
     @override
@@ -211,7 +228,13 @@ class ReplayCallback(Callback):
         replay_checks.check_mix_batch(self, len(batch["prompt"]))
         self.buffer.bucketer.epoch = trainer.current_epoch
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
+        self._short_swap_step = None
+        # Any step that returns before the end below generates: the run of swap replay steps ends there.
+        in_a_row, self.consecutive_replay_steps = self.consecutive_replay_steps, 0
         if not self.replay_active(trainer) or not self.replay.should_replay():
+            return
+        if self.mode == "swap" and in_a_row >= self.max_consecutive_replay_steps:
+            self.forced_fresh_steps += 1
             return
         size = self._demand(len(batch["prompt"]), pl_module.num_generations)
         if self.defers and self.mode == "mix":  # as many displaced on every rank: their streams stay alike
@@ -234,6 +257,10 @@ class ReplayCallback(Callback):
             return
         batch["experience"] = Experience(self.mode, experience)
         self.replayed_steps += 1
+        if self.mode == "swap":
+            self.consecutive_replay_steps = in_a_row + 1
+            full = len(batch["prompt"]) * pl_module.num_generations
+            self._short_swap_step = (len(experience), full) if len(experience) < full else None
         if self.defers:
             self._defer_displaced(trainer, batch, len(experience))
 
@@ -262,6 +289,7 @@ class ReplayCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._short_swap_step = None
         checked = len(self._contract.checked)
         rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations)
         if len(self._contract.checked) > checked:  # the first step of its kind: its fields were checked
@@ -278,6 +306,11 @@ class ReplayCallback(Callback):
         self.last_timings["timing/replay_add"] = time.perf_counter() - started
         self._log(trainer, pl_module, rollouts)
 
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self._short_swap_step is not None:  # the step that failed was a swap step with fewer rows
+            replay_checks.note_short_swap_step(exception, *self._short_swap_step)
+
     def _log(self, trainer: Trainer, pl_module: LightningModule, rollouts) -> None:
         if not writes_step_metrics(trainer):  # only when a logger will see it: tier counts scan the buffer
             return
@@ -293,6 +326,7 @@ class ReplayCallback(Callback):
             "replay/retired": float(len(self.buffer.bucketer.retired)),
             "replay/fallback_steps": float(self.fallback_steps),
             "replay/replayed_steps": float(self.replayed_steps),
+            "replay/forced_fresh_steps": float(self.forced_fresh_steps),
             **self.last_timings,
         }
         if self.defers:  # waiting: where the datamodule says (PromptDataModule.deferred_waiting)
@@ -333,6 +367,8 @@ class ReplayCallback(Callback):
             "fallback_steps": self.fallback_steps,
             "replayed_steps": self.replayed_steps,
             "deferred_total": self.deferred_total,
+            "consecutive_replay_steps": self.consecutive_replay_steps,
+            "forced_fresh_steps": self.forced_fresh_steps,
             "options": replay_checks.options(self),
             # A module of one's own may sample from the global generators: a resume continues them.
             "global_rng": global_rng_state(),
@@ -349,6 +385,10 @@ class ReplayCallback(Callback):
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         replay_checks.warn_if_saved_without(self, checkpoint)
+        # Lightning resumes a checkpoint saved after a batch's end (max_steps, an epoch's end) one batch off;
+        # ExGRPOModule rewrites its progress itself (before this hook: then this finds nothing to rewrite),
+        # a module of one's own does not, and its replay would go on from another step than the saved one.
+        self._resumed_at = resumable_fit_progress(checkpoint)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -388,5 +428,8 @@ class ReplayCallback(Callback):
         self.fallback_steps = own["fallback_steps"]
         self.replayed_steps = own["replayed_steps"]
         self.deferred_total = own.get("deferred_total", 0)  # saved since displaced_questions exists
+        # Saved since max_consecutive_replay_steps exists; before, no run of swap steps was counted.
+        self.consecutive_replay_steps = own.get("consecutive_replay_steps", 0)
+        self.forced_fresh_steps = own.get("forced_fresh_steps", 0)
         if "global_rng" in own:  # saved since the callback restores them
             restore_global_rng_state(own["global_rng"])

@@ -12,6 +12,8 @@
 - A resume with other replay options than the checkpoint's lists them, as the module does for its own
   (`options`, `warn_changed`; an option the checkpoint predates counts as its default, `defaults`); a
   checkpoint saved without a `ReplayCallback` is said to start replay afresh.
+- A shape error in a swap step that handed the module fewer than B x K rows gets a note naming the cause
+  (a reshape by K) and the fix (`note_short_swap_step`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def check_options(callback) -> None:
     check_number(name, "replay_start_epoch", callback.replay_start_epoch, 0, integer=True, optional=True)
     check_number(name, "start_pass_rate", callback.start_pass_rate, 0, 1, optional=True)
     check_number(name, "min_buffer_size", callback.min_buffer_size, 1, integer=True)
+    check_number(name, "max_consecutive_replay_steps", callback.max_consecutive_replay_steps, 1, integer=True)
     if callback.displaced_questions not in DISPLACED_QUESTIONS:
         raise ValueError(
             f"{name} displaced_questions={callback.displaced_questions!r}; allowed: "
@@ -96,17 +99,20 @@ def check_module(callback, module) -> None:
             ) from error
 
 
-def warn_if_swap_starves(callback) -> None:
-    """Warns (call in `setup`) when swap mode would replay on every step: from the step the buffer holds
-    `min_buffer_size` trajectories on, nothing new would be generated, stored or learned from."""
-    p = callback.replay.replay_probability
-    if callback.mode == "swap" and p >= 1:
-        rank_zero_warn(
-            f"ReplayCallback mode='swap' with SelectiveReplay replay_probability={p}: once the buffer holds "
-            f"min_buffer_size={callback.min_buffer_size} trajectories, every step trains on stored rows and "
-            "generates nothing new, so the buffer never changes again and the same rows come back. Use "
-            "replay_probability < 1 (the seed: 0.3), or mode='mix', which samples fresh rollouts every step"
-        )
+def note_short_swap_step(exception: BaseException, rows: int, full: int) -> None:
+    """Adds the cause and the fix to a `RuntimeError` (torch's shape errors) raised in a swap replay step that
+    handed `training_step` `rows` < `full` = B x K stored rows: torch's bare "shape '[-1, 4]' is invalid for
+    input of size 6" does not say that a module's reshape by K (`view(-1, K)`) met a batch in groups of 1.
+    A `ContractError` (a `ValueError`) already names its fix."""
+    if not isinstance(exception, RuntimeError):
+        return
+    exception.add_note(
+        f"ReplayCallback: this step was a swap replay step, which hands training_step only the {rows} stored"
+        f" rows it replays, in groups of 1 (rollouts.group_size == 1), not batch_size x num_generations ="
+        f" {full} rows in groups of K. A reshape by K, such as view(-1, K), fails on it: reshape by"
+        " k = rollouts.group_size instead (K on other steps, 1 on a swap step). See 'Swap's shorter batches'"
+        f" in {CONTRACT_DOC}."
+    )
 
 
 def check_mix_batch(callback, questions: int) -> None:

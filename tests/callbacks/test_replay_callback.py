@@ -27,7 +27,7 @@ class RecordRollouts(Callback):
         self.rollouts.append(outputs["rollouts"])
 
 
-def fit(tmp_path, model_dir, callbacks, max_steps=4, reward=None, **trainer_kwargs):
+def fit(tmp_path, model_dir, callbacks, max_steps=4, reward=None, ckpt_path=None, **trainer_kwargs):
     seed_everything(0)
     module = tiny_module(model_dir, **({"reward_funcs": [reward]} if reward else {}))
     data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
@@ -43,7 +43,7 @@ def fit(tmp_path, model_dir, callbacks, max_steps=4, reward=None, **trainer_kwar
         default_root_dir=tmp_path,
         **{"enable_checkpointing": False, **trainer_kwargs},
     )
-    trainer.fit(module, datamodule=data)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer, record.rollouts
 
 
@@ -62,6 +62,47 @@ def test_swap_mode_replaces_whole_batches_after_the_first_step(tmp_path, tiny_mo
     logged = trainer.logged_metrics
     assert logged["replay/row_fraction"] == logged["replay/question_fraction"] == 1.0
     assert "replay/staleness" in trainer.logged_metrics
+
+
+def floored_swap():
+    """Swap on every step the coin allows (probability 1), at most 2 replay steps in a row."""
+    return ReplayCallback(
+        replay=uniform_replay(), mode="swap", min_buffer_size=1, max_consecutive_replay_steps=2
+    )
+
+
+def test_swap_at_probability_one_still_generates_after_max_consecutive_replay_steps(tmp_path, tiny_model_dir):
+    callback = floored_swap()
+    trainer, rollouts = fit(tmp_path, tiny_model_dir, [callback], max_steps=7, log_every_n_steps=1)
+    # Step 0 fills the buffer; then 2 replay steps, a fresh one, 2 replay steps, a fresh one.
+    assert [bool(step.replayed.all()) for step in rollouts] == [False, True, True, False, True, True, False]
+    assert not any(rollouts[i].replayed.any() for i in (0, 3, 6))  # the fresh steps generate K per question
+    assert all(len(rollouts[i]) == 16 and rollouts[i].group_size == 4 for i in (0, 3, 6))
+    assert (callback.replayed_steps, callback.forced_fresh_steps, callback.fallback_steps) == (4, 2, 1)
+    assert trainer.logged_metrics["replay/forced_fresh_steps"] == 2
+
+
+def test_a_resume_inside_a_run_of_swap_replay_steps_continues_it(tmp_path, tiny_model_dir):
+    """Stopped after one replay step of a run of at most 2, the resumed run replays once more and then
+    generates, as the uninterrupted run does."""
+    straight_callback = floored_swap()
+    _, straight = fit(tmp_path / "straight", tiny_model_dir, [straight_callback], max_steps=6)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    fit(tmp_path / "a", tiny_model_dir, [floored_swap(), checkpoint], max_steps=2, enable_checkpointing=True)
+    resumed_callback = floored_swap()
+    _, resumed = fit(
+        tmp_path / "b",
+        tiny_model_dir,
+        [resumed_callback],
+        max_steps=6,
+        ckpt_path=tmp_path / "ckpt" / "last.ckpt",
+    )
+    replayed = [bool(step.replayed.all()) for step in resumed]
+    assert replayed == [bool(step.replayed.all()) for step in straight[2:]] == [True, False, True, True]
+    assert resumed_callback.forced_fresh_steps == straight_callback.forced_fresh_steps == 1
+    assert resumed_callback.consecutive_replay_steps == straight_callback.consecutive_replay_steps == 2
+    for a, b in zip(straight[2:], resumed, strict=True):
+        assert torch.equal(a.completion_ids, b.completion_ids)
 
 
 def test_mix_mode_replays_a_fraction_of_questions_as_groups(tmp_path, tiny_model_dir):
@@ -277,6 +318,8 @@ def test_bounded_demand_in_a_run_replays_the_supply_or_falls_back(tmp_path, tiny
         ({"mix_fraction": 1.5}, "mix_fraction=1.5"),
         ({"start_pass_rate": -0.1}, "start_pass_rate=-0.1"),
         ({"min_buffer_size": 0}, "min_buffer_size=0"),
+        ({"max_consecutive_replay_steps": 0}, "max_consecutive_replay_steps=0: must be >= 1"),
+        ({"max_consecutive_replay_steps": None}, "max_consecutive_replay_steps=None: must be an integer"),
         ({"replay": SelectiveReplay(entropy_percentile=10)}, "entropy_percentile=10 is not one of"),
     ],
 )

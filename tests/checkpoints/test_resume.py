@@ -86,7 +86,13 @@ def final_state(run: Run) -> dict:
         "sampling_generator": torch.get_rng_state(),
         "data": run.trainer.train_dataloader.state_dict(),
         "retired": sorted(run.data.excluded_question_ids),
-        "counters": [run.replay.replayed_steps, run.replay.fallback_steps, run.replay.pass_rate_reached],
+        "counters": [
+            run.replay.replayed_steps,
+            run.replay.fallback_steps,
+            run.replay.pass_rate_reached,
+            run.replay.consecutive_replay_steps,
+            run.replay.forced_fresh_steps,
+        ],
         "tokens": [run.module.generated_tokens, run.module.num_tokens],
         "progress": [run.trainer.global_step, run.trainer.current_epoch],
     }

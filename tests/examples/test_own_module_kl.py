@@ -155,9 +155,53 @@ def test_mix_mode_with_a_batch_of_one_is_stopped(tmp_path, tiny_model_dir):
         fit(tmp_path, tiny(ready.GRPO, tiny_model_dir), [replay("mix")], batch_size=1)
 
 
-def test_swap_on_every_step_is_warned_about(tmp_path, tiny_model_dir):
-    with pytest.warns(UserWarning, match="replay_probability=1.0: once the buffer holds min_buffer_size=1"):
-        fit(tmp_path, tiny(ready.GRPO, tiny_model_dir), [replay("swap")], max_steps=1)
+def test_swap_on_every_step_still_generates_after_four_replay_steps(tmp_path, tiny_model_dir):
+    """Swap with replay_probability 1 no longer trains on stored rows alone from the first replay on: the
+    default max_consecutive_replay_steps=4 makes every fifth step sample, score and store new rollouts."""
+    record, callback = RecordRollouts(), replay("swap")
+    fit(tmp_path, tiny(ready.GRPO, tiny_model_dir), [callback, record], max_steps=6)
+    assert [bool(r.replayed.any()) for r in record.rollouts] == [False, True, True, True, True, False]
+    assert len(record.rollouts[-1]) == 16 and callback.forced_fresh_steps == 1
+
+
+class ReshapesByK(ready.GRPO):
+    """Reshapes a step's rows by K, as examples/grpo_kl.py's loss does (`per_row.view(-1, k)`)."""
+
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        out["rollouts"].rewards.view(-1, self.num_generations)  # [B, K]: not a swap step's stored rows
+        return out
+
+
+class RecordExperience(Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.rows.append(len(batch["experience"].rollouts) if "experience" in batch else None)
+
+
+def test_a_reshape_by_k_in_a_short_swap_step_names_the_cause_and_the_fix(tmp_path, tiny_model_dir):
+    record = RecordExperience()
+    with pytest.raises(RuntimeError, match=r"shape '\[-1, 4\]' is invalid for input of size") as caught:
+        fit(tmp_path, tiny(ReshapesByK, tiny_model_dir), [replay("swap"), record], max_steps=3)
+    rows = record.rows[-1]
+    assert record.rows[0] is None and rows % 4  # a fresh step passed; the swap step's rows do not fit K
+    (note,) = caught.value.__notes__
+    assert f"this step was a swap replay step, which hands training_step only the {rows} stored rows" in note
+    assert "not batch_size x num_generations = 16 rows in groups of K" in note
+    assert "reshape by k = rollouts.group_size instead" in note and "docs/replay_contract.md" in note
+
+
+class FailsOnItsFirstStep(ready.GRPO):
+    def training_step(self, batch, batch_idx):
+        torch.zeros(6).view(-1, 4)
+
+
+def test_a_shape_error_outside_a_swap_step_is_left_as_torch_raised_it(tmp_path, tiny_model_dir):
+    with pytest.raises(RuntimeError, match="is invalid for input of size 6") as caught:
+        fit(tmp_path, tiny(FailsOnItsFirstStep, tiny_model_dir), [replay("swap")], max_steps=1)
+    assert not getattr(caught.value, "__notes__", None)
 
 
 def test_resume_continues_the_global_rng_the_module_samples_from(tmp_path, tiny_model_dir):
@@ -173,6 +217,24 @@ def test_resume_continues_the_global_rng_the_module_samples_from(tmp_path, tiny_
     resumed = tiny(ready.GRPO, tiny_model_dir)
     ckpt = str(tmp_path / "ckpt" / "epoch=0-step=2.ckpt")
     fit(tmp_path / "b", resumed, [replay("mix", 0.5)], max_steps=4, ckpt_path=ckpt)
+    for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_resume_from_an_epochs_end_continues_bitwise(tmp_path, tiny_model_dir):
+    """Stopped by max_steps at an epoch's last batch (Lightning's progress of such a checkpoint resumes one
+    batch off, which ExGRPOModule corrects for itself): the callback corrects it for a module of one's own."""
+    epoch = dict(limit_train_batches=2, max_epochs=10)
+    whole = tiny(ready.GRPO, tiny_model_dir)
+    fit(tmp_path / "whole", whole, [replay("mix", 0.5)], max_steps=4, **epoch)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    first = tiny(ready.GRPO, tiny_model_dir)
+    fit(tmp_path / "a", first, [replay("mix", 0.5), checkpoint], max_steps=2, enable_checkpointing=True,
+        **epoch)  # fmt: skip
+    resumed, callback = tiny(ready.GRPO, tiny_model_dir), replay("mix", 0.5)
+    ckpt = str(tmp_path / "ckpt" / "last.ckpt")
+    trainer = fit(tmp_path / "b", resumed, [callback], max_steps=4, ckpt_path=ckpt, **epoch)
+    assert (trainer.global_step, trainer.current_epoch) == (4, 2)
     for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
 
