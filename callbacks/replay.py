@@ -19,7 +19,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from exgrpo_pl.callbacks import replay_checks
+from exgrpo_pl.callbacks import placement, replay_checks
 from exgrpo_pl.callbacks.collectives import (
     all_ranks,
     min_across_ranks,
@@ -81,6 +81,12 @@ class ReplayCallback(Callback):
             longer; needs a datamodule with `stream_passes()` and `defer_questions()`, as
             `PromptDataModule`). Under DDP, "defer" makes every rank replay the fewest questions any rank
             replays at that step.
+        placement: mix mode: where experience goes (`exgrpo_pl.callbacks.placement`). "displace" (the paper):
+            in place of the batch's last questions. "join": into the group of the batch's own question, as
+            one of its K members (only questions the buffer already holds, so never on a single pass).
+            "refill": in place of groups whose K rewards came out all equal, with K-1 rollouts of a second
+            generation round (the module's step must do it: `ExGRPOModule` does). `mix_fraction` caps how
+            many questions each places.
     """
 
     def __init__(
@@ -94,6 +100,7 @@ class ReplayCallback(Callback):
         min_buffer_size: int = 1000,
         bounded_demand: bool = False,
         displaced_questions: str = "discard",
+        placement: str = "displace",
     ) -> None:
         self.buffer = buffer if buffer is not None else TrajectoryBuffer()
         self.replay = replay if replay is not None else SelectiveReplay()
@@ -104,6 +111,7 @@ class ReplayCallback(Callback):
         self.min_buffer_size = min_buffer_size
         self.bounded_demand = bool(bounded_demand)
         self.displaced_questions = displaced_questions
+        self.placement = placement
         self.deferred_total = 0  # questions deferred in this run, resumes included
         self._warned_small_stream = False
         self.pass_rate_reached = False  # whether a step's fresh pass rate exceeded start_pass_rate
@@ -162,6 +170,7 @@ class ReplayCallback(Callback):
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         replay_checks.check_module(self, pl_module)  # after configure_model, which may build the policy
+        placement.check_module(self, pl_module)
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -213,7 +222,7 @@ class ReplayCallback(Callback):
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
         if not self.replay_active(trainer) or not self.replay.should_replay():
             return
-        size = self._demand(len(batch["prompt"]), pl_module.num_generations)
+        size = placement.demand(self, batch, pl_module.num_generations)
         if self.defers and self.mode == "mix":  # as many displaced on every rank: their streams stay alike
             size = min_across_ranks(trainer, size)
         if not all_ranks(trainer, len(self.buffer) >= self.min_buffer_size and size > 0):
@@ -222,7 +231,8 @@ class ReplayCallback(Callback):
         started = time.perf_counter()
         synced = self.replay.rescores and needs_synced_generation(trainer)
         rescoring = Rescoring(trainer, pl_module, synced)
-        experience = self.replay.sample(self.buffer, size, entropy_fn=rescoring)
+        among = placement.joinable(self, batch)
+        experience = self.replay.sample(self.buffer, size, entropy_fn=rescoring, questions=among)
         # Before any other collective (the all-reduce below is one), so every rank's sequence matches.
         rescoring.join(experience)
         self.last_timings["timing/replay_rescore"] = rescoring.seconds
@@ -232,7 +242,9 @@ class ReplayCallback(Callback):
         if not all_ranks(trainer, len(experience) > 0):
             self.fallback_steps += 1
             return
-        batch["experience"] = Experience(self.mode, experience)
+        if self.placement == "join":  # last: a mixed step replaces them by their own stored rows
+            placement.put_last(batch, experience.question_ids)
+        batch["experience"] = Experience(self.mode, experience, self.placement)
         self.replayed_steps += 1
         if self.defers:
             self._defer_displaced(trainer, batch, len(experience))
@@ -245,18 +257,6 @@ class ReplayCallback(Callback):
         ids = batch["question_id"][questions - displaced :]
         trainer.datamodule.defer_questions([int(qid) for qid in ids])
         self.deferred_total += displaced
-
-    def _demand(self, questions: int, k: int) -> int:
-        """How much this step asks of the buffer: swap mode, a whole batch of trajectories; mix mode, the rho
-        share of its questions, at most the medium range's supply with `bounded_demand`."""
-        if self.mode == "swap":
-            return questions * k
-        share = max(1, round(self.mix_fraction * questions))
-        if self.mix_fraction < 1:  # a fresh question is left, unless the whole batch is asked for
-            share = min(share, questions - 1)
-        if not self.bounded_demand:
-            return share
-        return min(share, self.buffer.num_questions_in(self.replay.medium_range(self.buffer)))
 
     @override
     def on_train_batch_end(
@@ -274,6 +274,7 @@ class ReplayCallback(Callback):
             self.pass_rate_reached = float(pass_rate) > self.start_pass_rate
         started = time.perf_counter()
         if not outputs.get("skipped", False):  # a skipped update's rows were never fully scored
+            placement.count_gave_way(self.buffer, outputs.get("gave_way"))
             self.buffer.add(rollouts.to("cpu"))
         self.last_timings["timing/replay_add"] = time.perf_counter() - started
         self._log(trainer, pl_module, rollouts)
@@ -295,6 +296,8 @@ class ReplayCallback(Callback):
             "replay/replayed_steps": float(self.replayed_steps),
             **self.last_timings,
         }
+        if self.placement != "displace":  # one stored row in each joined or refilled group
+            metrics[placement.GROUPS_METRIC[self.placement]] = float(replayed.sum())
         if self.defers:  # waiting: where the datamodule says (PromptDataModule.deferred_waiting)
             waiting = getattr(trainer.datamodule, "deferred_waiting", None)
             if waiting is not None:

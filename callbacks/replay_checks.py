@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.callbacks import placement
 from exgrpo_pl.contract import CONTRACT_DOC, REPLAY_MODES, ContractError
 from exgrpo_pl.validation import check_number
 
@@ -50,6 +51,7 @@ def check_options(callback) -> None:
             f"{name} displaced_questions={callback.displaced_questions!r}; allowed: "
             f"{', '.join(DISPLACED_QUESTIONS)}"
         )
+    placement.check_options(callback)
     if callback.bounded_demand and callback.mode != "mix":
         raise ValueError(f"{name} bounded_demand=True needs mode='mix' (a swap replaces the whole batch)")
     replay, percentiles = callback.replay, callback.buffer.entropy_percentiles
@@ -113,7 +115,8 @@ def check_mix_batch(callback, questions: int) -> None:
     """Raises ValueError when a mixed step would replay every question of a batch of one, though
     `mix_fraction` < 1 asks for a share: it would train on a stored trajectory and its K-1 rollouts only,
     never on a fresh question."""
-    if callback.mode == "mix" and questions < 2 and callback.mix_fraction < 1:
+    displaces = callback.mode == "mix" and callback.placement == "displace"  # join and refill keep them all
+    if displaces and questions < 2 and callback.mix_fraction < 1:
         raise ValueError(
             f"ReplayCallback mode='mix' with training batches of {questions} question(s): a mixed step"
             " replays round(mix_fraction * B) questions and keeps at least one fresh, which needs"
