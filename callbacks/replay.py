@@ -222,7 +222,7 @@ class ReplayCallback(Callback):
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
         if not self.replay_active(trainer) or not self.replay.should_replay():
             return
-        size = placement.demand(self, batch, pl_module.num_generations)
+        size = self._demand(batch, pl_module.num_generations)
         if self.defers and self.mode == "mix":  # as many displaced on every rank: their streams stay alike
             size = min_across_ranks(trainer, size)
         if not all_ranks(trainer, len(self.buffer) >= self.min_buffer_size and size > 0):
@@ -257,6 +257,9 @@ class ReplayCallback(Callback):
         ids = batch["question_id"][questions - displaced :]
         trainer.datamodule.defer_questions([int(qid) for qid in ids])
         self.deferred_total += displaced
+
+    def _demand(self, batch: dict, k: int) -> int:
+        return placement.demand(self, batch, k)  # a method: a test's subclass makes ranks' demands differ
 
     @override
     def on_train_batch_end(
