@@ -9,7 +9,9 @@ S steps straight against a run stopped and then resumed with `--ckpt_path last` 
            configs' 56-step epochs, 613 with the reasoning task's 609: quickstart, quickstart_reasoning)
 
 Besides the shipped configs, variants of one with a ReplayCallback option changed (`VARIANTS`): exgrpo_defer
-is configs/exgrpo.yaml with `displaced_questions: defer`, whose training stream goes on across epochs.
+is configs/exgrpo.yaml with `displaced_questions: defer`, whose training stream goes on across epochs;
+exgrpo_join and exgrpo_refill are it with `placement: join` (which joins from the second epoch on: its "end"
+case resumes there) and `placement: refill`.
 
 Compares the two runs' final checkpoints (weights, Adam state and schedule, the replay buffer and
 generators, the sampling RNG, the loops with the data loader's pass and position, the retired questions,
@@ -19,6 +21,8 @@ the token counters) and the logged train/reward series, and prints the largest d
     python benchmarks/resume_exact.py --configs quickstart --cases mid kill
     python benchmarks/resume_exact.py --configs grpo_baseline --steps 12 --questions 200   # a smoke run
     python benchmarks/resume_exact.py --configs exgrpo_defer                         # the deferring variant
+    python benchmarks/resume_exact.py --configs exgrpo_join --cases end              # the placements
+    python benchmarks/resume_exact.py --configs exgrpo_refill --cases mid
 
 Writes benchmarks/results/resume_exact.json (merged with the cases already there).
 """
@@ -52,7 +56,11 @@ SHIPPED = sorted(
     if str(yaml.safe_load(path.read_text())["model"]["model_name_or_path"]).startswith("embedded:")
 )
 # A shipped config with ReplayCallback options changed: name -> (config, the options)
-VARIANTS = {"exgrpo_defer": ("exgrpo", {"displaced_questions": "defer"})}
+VARIANTS = {
+    "exgrpo_defer": ("exgrpo", {"displaced_questions": "defer"}),
+    "exgrpo_join": ("exgrpo", {"placement": "join"}),
+    "exgrpo_refill": ("exgrpo", {"placement": "refill"}),
+}
 CONFIGS = SHIPPED + sorted(VARIANTS)
 CASES = ["mid", "kill", "end"]
 STEPS = 60  # the mid case stops half-way
