@@ -226,10 +226,16 @@ def warn_if_never_replayed(callback, trainer) -> None:
     """Warns when the replay phase began but no step replayed (call in `on_train_end`)."""
     if not callback.replay_active(trainer) or callback.replayed_steps:
         return
+    why = (
+        " placement='join' replays only questions of the batch that the buffer already holds, which a single"
+        " pass over the data never has."
+        if callback.placement == "join"
+        else ""
+    )
     rank_zero_warn(
         f"ReplayCallback: replay was active, but no step of this run replayed ({callback.fallback_steps}"
         f" steps fell back to on-policy): the buffer holds {len(callback.buffer)} trajectories on this rank"
-        f" against min_buffer_size={callback.min_buffer_size}. The run was plain GRPO."
+        f" against min_buffer_size={callback.min_buffer_size}.{why} The run was plain GRPO."
     )
 
 
