@@ -248,11 +248,16 @@ class Record(Callback):
 
 def fresh_questions(rollouts, experience=None, gave_way=None) -> set[int]:
     """The fresh questions a step consumed: those of its fresh groups (a group with a replayed row is not
-    fresh: a displaced or refilled question is not), those a stored row joined (`placement="join"`: the
-    batch's own questions, K-1 of their rollouts fresh), and those whose group of equal rewards gave its
-    place to refill (sampled from the fresh stream as under GRPO, which trains on them with no gradient)."""
-    replayed_ids = set(rollouts.question_ids[rollouts.replayed].tolist())
-    fresh = set(rollouts.question_ids[~rollouts.replayed].tolist()) - replayed_ids
+    fresh: a displaced or refilled question is not, though the same question in a fresh group is), those a
+    stored row joined (`placement="join"`: the batch's own questions, K-1 of their rollouts fresh), and
+    those whose group of equal rewards gave its place to refill (sampled from the fresh stream as under
+    GRPO, which trains on them with no gradient)."""
+    k = rollouts.group_size
+    if k > 1:  # by group: a replayed question may also be one of the batch's, in a fresh group of its own
+        fresh_groups = ~rollouts.replayed.view(-1, k).any(1)  # [G]
+        fresh = set(rollouts.question_ids.view(-1, k)[fresh_groups, 0].tolist())
+    else:  # a swap step: stored rows only
+        fresh = set(rollouts.question_ids[~rollouts.replayed].tolist())
     if experience is not None and experience.placement == "join":
         fresh |= set(experience.rollouts.question_ids.tolist())
     if gave_way is not None:

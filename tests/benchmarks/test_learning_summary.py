@@ -194,7 +194,11 @@ def test_the_placement_variants_are_the_recommended_preset_with_that_placement()
 def test_fresh_questions_count_joined_ones_and_those_that_gave_way_but_not_displaced_or_refilled_ones():
     # Groups of 2: question 1 fresh, 2 joined (its stored row first), 3 replayed (displaced or refilled).
     rollouts = make_batch([1, 1, 2, 2, 3, 3], [1.0] * 6, replayed=[False, False, True, False, True, False])
+    rollouts.group_size = 2
     assert learning.fresh_questions(rollouts) == {1}
+    again = make_batch([3, 3, 3, 3], [1.0] * 4, replayed=[True, False, False, False])
+    again.group_size = 2  # question 3 replayed in one group and fresh in the other (a batch question)
+    assert learning.fresh_questions(again) == {3}
     stored = rollouts.select([2])
     assert learning.fresh_questions(rollouts, Experience("mix", stored, "join")) == {1, 2}
     assert learning.fresh_questions(rollouts, Experience("mix", stored, "displace")) == {1}
