@@ -61,7 +61,7 @@ def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tupl
         "--config", str(ROOT / "configs" / f"{preset}.yaml"), "--config", str(workdir / "overlay.yaml"),
         f"--seed_everything={seed}", "--trainer.max_epochs=1000", "--trainer.enable_progress_bar=false",
         "--trainer.enable_checkpointing=false", "--trainer.limit_val_batches=0", "--trainer.logger=false",
-        "--model.validate_at_start=false",
+        "--model.validate_at_start=false", f"--trainer.default_root_dir={workdir}",
     ]  # fmt: skip
     cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
     if placement is not None:
