@@ -231,8 +231,9 @@ class ReplayCallback(Callback):
         started = time.perf_counter()
         synced = self.replay.rescores and needs_synced_generation(trainer)
         rescoring = Rescoring(trainer, pl_module, synced)
-        among = placement.joinable(self, batch)
-        experience = self.replay.sample(self.buffer, size, entropy_fn=rescoring, questions=among)
+        # Only join draws among given questions: a SelectiveReplay subclass predating `questions` still runs.
+        among = {"questions": placement.joinable(self, batch)} if self.placement == "join" else {}
+        experience = self.replay.sample(self.buffer, size, entropy_fn=rescoring, **among)
         # Before any other collective (the all-reduce below is one), so every rank's sequence matches.
         rescoring.join(experience)
         self.last_timings["timing/replay_rescore"] = rescoring.seconds
