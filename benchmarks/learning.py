@@ -29,7 +29,8 @@ epochs in its 300 steps (the seed's regime; the seed preset's replay starts at e
 rare at first and the replay start trigger fires late (the seed: replay "stabilizes training on weaker
 models"). Besides steps and generated tokens, each curve is kept against the fresh questions trained on (a
 question's group counted each time it was trained on fresh; replayed groups and questions a mixed step
-displaced are not), the axis on which replay's displaced questions show.
+displaced are not; a question a stored row joined is, and so is one whose group of equal rewards gave its
+place to refill, see `fresh_questions`), the axis on which replay's displaced questions show.
 Seed s is `--seed_everything=s`: the data order, replay draws, rollout and validation samples all derive from
 it, so seeds are independent runs. Each run records the commit its code came from. Not a timed test: a
 measurement to read.
@@ -131,6 +132,10 @@ VARIANTS = {
     # The fresh questions a mixed step displaces come back in the following steps instead of being dropped.
     "paper, deferred": ("exgrpo_paper", _changed(callback={"displaced_questions": "defer"}), None),
     "recommended, deferred": ("exgrpo", _changed(callback={"displaced_questions": "defer"}), None),
+    # Experience that displaces no fresh question: joined to its own question's group, or in the places
+    # of groups whose K rewards are all equal (ReplayCallback's placement).
+    "recommended, join": ("exgrpo", _changed(callback={"placement": "join"}), None),
+    "recommended, refill": ("exgrpo", _changed(callback={"placement": "refill"}), None),
     # The paper's code skips a group with no correct rollout, so its question keeps its last bucket.
     "paper, all-wrong keeps last bucket": ("exgrpo_paper", _changed(bucketer=_KEEP_LAST), None),
     "recommended, all-wrong keeps last bucket": ("exgrpo", _changed(bucketer=_KEEP_LAST), None),
@@ -215,8 +220,7 @@ class Record(Callback):
         ):
             self.tokens[kind][0] += int(lengths[mask].sum())
             self.tokens[kind][1] += int(mask.sum())
-        replayed_ids = set(rollouts.question_ids[rollouts.replayed].tolist())
-        fresh_ids = set(rollouts.question_ids[~rollouts.replayed].tolist()) - replayed_ids
+        fresh_ids = fresh_questions(rollouts, batch.get("experience"), outputs.get("gave_way"))
         self._fresh_trained += len(fresh_ids)
         self._fresh_distinct |= fresh_ids
         rows = rollouts.replayed.nonzero().flatten().tolist()
@@ -266,6 +270,25 @@ def train_for_batches(cli, overlay: dict, shipped_updates: int) -> None:
     if "max_steps" not in overlay.get("trainer", {}):
         batches //= shipped_updates
     cli.trainer.fit_loop.epoch_loop.max_steps = batches * cli.model.updates_per_batch
+
+
+def fresh_questions(rollouts, experience=None, gave_way=None) -> set[int]:
+    """The fresh questions a step consumed: those of its fresh groups (a group with a replayed row is not
+    fresh: a displaced or refilled question is not, though the same question in a fresh group is), those a
+    stored row joined (`placement="join"`: the batch's own questions, K-1 of their rollouts fresh), and
+    those whose group of equal rewards gave its place to refill (sampled from the fresh stream as under
+    GRPO, which trains on them with no gradient)."""
+    k = rollouts.group_size
+    if k > 1:  # by group: a replayed question may also be one of the batch's, in a fresh group of its own
+        fresh_groups = ~rollouts.replayed.view(-1, k).any(1)  # [G]
+        fresh = set(rollouts.question_ids.view(-1, k)[fresh_groups, 0].tolist())
+    else:  # a swap step: stored rows only
+        fresh = set(rollouts.question_ids[~rollouts.replayed].tolist())
+    if experience is not None and experience.placement == "join":
+        fresh |= set(experience.rollouts.question_ids.tolist())
+    if gave_way is not None:
+        fresh |= set(gave_way.question_ids.tolist())
+    return fresh
 
 
 def run(

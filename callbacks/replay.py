@@ -19,7 +19,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from exgrpo_pl.callbacks import replay_checks
+from exgrpo_pl.callbacks import placement, replay_checks
 from exgrpo_pl.callbacks.collectives import (
     all_ranks,
     min_across_ranks,
@@ -90,6 +90,12 @@ class ReplayCallback(Callback):
             one step in five fresh at `replay_probability` 1, where without a floor nothing new would ever
             be generated, and at the seed's 0.3 binds only after five heads in a row (probability 0.3^5 ~
             0.0024). Mix mode samples fresh rollouts on every step and ignores it.
+        placement: mix mode: where experience goes (`exgrpo_pl.callbacks.placement`). "displace" (the paper):
+            in place of the batch's last questions. "join": into the group of the batch's own question, as
+            one of its K members (only questions the buffer already holds, so never on a single pass).
+            "refill": in place of groups whose K rewards came out all equal, with K-1 rollouts of a second
+            generation round (the module's step must do it: `ExGRPOModule` does). `mix_fraction` caps how
+            many questions each places.
     """
 
     def __init__(
@@ -104,6 +110,7 @@ class ReplayCallback(Callback):
         bounded_demand: bool = False,
         displaced_questions: str = "discard",
         max_consecutive_replay_steps: int = 4,
+        placement: str = "displace",
     ) -> None:
         self.buffer = buffer if buffer is not None else TrajectoryBuffer()
         self.replay = replay if replay is not None else SelectiveReplay()
@@ -120,6 +127,7 @@ class ReplayCallback(Callback):
         # (stored rows, B x K) while a swap step that hands training_step fewer than B x K rows runs
         self._short_swap_step: tuple[int, int] | None = None
         self._resumed_at: str | None = None  # resumable_fit_progress's answer for the checkpoint resumed from
+        self.placement = placement
         self.deferred_total = 0  # questions deferred in this run, resumes included
         self._warned_small_stream = False
         self.pass_rate_reached = False  # whether a step's fresh pass rate exceeded start_pass_rate
@@ -177,6 +185,7 @@ class ReplayCallback(Callback):
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         replay_checks.check_module(self, pl_module)  # after configure_model, which may build the policy
+        placement.check_module(self, pl_module)
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -236,7 +245,7 @@ class ReplayCallback(Callback):
         if self.mode == "swap" and in_a_row >= self.max_consecutive_replay_steps:
             self.forced_fresh_steps += 1
             return
-        size = self._demand(len(batch["prompt"]), pl_module.num_generations)
+        size = self._demand(batch, pl_module.num_generations)
         if self.defers and self.mode == "mix":  # as many displaced on every rank: their streams stay alike
             size = min_across_ranks(trainer, size)
         if not all_ranks(trainer, len(self.buffer) >= self.min_buffer_size and size > 0):
@@ -245,7 +254,9 @@ class ReplayCallback(Callback):
         started = time.perf_counter()
         synced = self.replay.rescores and needs_synced_generation(trainer)
         rescoring = Rescoring(trainer, pl_module, synced)
-        experience = self.replay.sample(self.buffer, size, entropy_fn=rescoring)
+        # Only join draws among given questions: a SelectiveReplay subclass predating `questions` still runs.
+        among = {"questions": placement.joinable(self, batch)} if self.placement == "join" else {}
+        experience = self.replay.sample(self.buffer, size, entropy_fn=rescoring, **among)
         # Before any other collective (the all-reduce below is one), so every rank's sequence matches.
         rescoring.join(experience)
         self.last_timings["timing/replay_rescore"] = rescoring.seconds
@@ -255,7 +266,9 @@ class ReplayCallback(Callback):
         if not all_ranks(trainer, len(experience) > 0):
             self.fallback_steps += 1
             return
-        batch["experience"] = Experience(self.mode, experience)
+        if self.placement == "join":  # last: a mixed step replaces them by their own stored rows
+            placement.put_last(batch, experience.question_ids)
+        batch["experience"] = Experience(self.mode, experience, self.placement)
         self.replayed_steps += 1
         if self.mode == "swap":
             self.consecutive_replay_steps = in_a_row + 1
@@ -273,17 +286,8 @@ class ReplayCallback(Callback):
         trainer.datamodule.defer_questions([int(qid) for qid in ids])
         self.deferred_total += displaced
 
-    def _demand(self, questions: int, k: int) -> int:
-        """How much this step asks of the buffer: swap mode, a whole batch of trajectories; mix mode, the rho
-        share of its questions, at most the medium range's supply with `bounded_demand`."""
-        if self.mode == "swap":
-            return questions * k
-        share = max(1, round(self.mix_fraction * questions))
-        if self.mix_fraction < 1:  # a fresh question is left, unless the whole batch is asked for
-            share = min(share, questions - 1)
-        if not self.bounded_demand:
-            return share
-        return min(share, self.buffer.num_questions_in(self.replay.medium_range(self.buffer)))
+    def _demand(self, batch: dict, k: int) -> int:
+        return placement.demand(self, batch, k)  # a method: a test's subclass makes ranks' demands differ
 
     @override
     def on_train_batch_end(
@@ -302,6 +306,7 @@ class ReplayCallback(Callback):
             self.pass_rate_reached = float(pass_rate) > self.start_pass_rate
         started = time.perf_counter()
         if not outputs.get("skipped", False):  # a skipped update's rows were never fully scored
+            placement.count_gave_way(self.buffer, outputs.get("gave_way"))
             self.buffer.add(rollouts.to("cpu"))
         self.last_timings["timing/replay_add"] = time.perf_counter() - started
         self._log(trainer, pl_module, rollouts)
@@ -329,6 +334,8 @@ class ReplayCallback(Callback):
             "replay/forced_fresh_steps": float(self.forced_fresh_steps),
             **self.last_timings,
         }
+        if self.placement != "displace":  # one stored row in each joined or refilled group
+            metrics[placement.GROUPS_METRIC[self.placement]] = float(replayed.sum())
         if self.defers:  # waiting: where the datamodule says (PromptDataModule.deferred_waiting)
             waiting = getattr(trainer.datamodule, "deferred_waiting", None)
             if waiting is not None:

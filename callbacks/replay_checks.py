@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from exgrpo_pl.batch import RolloutBatch
+from exgrpo_pl.callbacks import placement
 from exgrpo_pl.contract import CONTRACT_DOC, REPLAY_MODES, ContractError
 from exgrpo_pl.validation import check_number
 
@@ -53,6 +54,7 @@ def check_options(callback) -> None:
             f"{name} displaced_questions={callback.displaced_questions!r}; allowed: "
             f"{', '.join(DISPLACED_QUESTIONS)}"
         )
+    placement.check_options(callback)
     if callback.bounded_demand and callback.mode != "mix":
         raise ValueError(f"{name} bounded_demand=True needs mode='mix' (a swap replaces the whole batch)")
     replay, percentiles = callback.replay, callback.buffer.entropy_percentiles
@@ -119,7 +121,8 @@ def check_mix_batch(callback, questions: int) -> None:
     """Raises ValueError when a mixed step would replay every question of a batch of one, though
     `mix_fraction` < 1 asks for a share: it would train on a stored trajectory and its K-1 rollouts only,
     never on a fresh question."""
-    if callback.mode == "mix" and questions < 2 and callback.mix_fraction < 1:
+    displaces = callback.mode == "mix" and callback.placement == "displace"  # join and refill keep them all
+    if displaces and questions < 2 and callback.mix_fraction < 1:
         raise ValueError(
             f"ReplayCallback mode='mix' with training batches of {questions} question(s): a mixed step"
             " replays round(mix_fraction * B) questions and keeps at least one fresh, which needs"
@@ -233,10 +236,16 @@ def warn_if_never_replayed(callback, trainer) -> None:
     """Warns when the replay phase began but no step replayed (call in `on_train_end`)."""
     if not callback.replay_active(trainer) or callback.replayed_steps:
         return
+    why = (
+        " placement='join' replays only questions of the batch that the buffer already holds, which a single"
+        " pass over the data never has."
+        if callback.placement == "join"
+        else ""
+    )
     rank_zero_warn(
         f"ReplayCallback: replay was active, but no step of this run replayed ({callback.fallback_steps}"
         f" steps fell back to on-policy): the buffer holds {len(callback.buffer)} trajectories on this rank"
-        f" against min_buffer_size={callback.min_buffer_size}. The run was plain GRPO."
+        f" against min_buffer_size={callback.min_buffer_size}.{why} The run was plain GRPO."
     )
 
 

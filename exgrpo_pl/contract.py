@@ -30,6 +30,9 @@ from torch import Tensor
 from exgrpo_pl.batch import RolloutBatch
 
 REPLAY_MODES = ("swap", "mix")
+# Where a mixed step's experience goes: in place of the batch's last questions, into the groups of those
+# same questions (the callback put them last), or in place of groups whose K rewards came out all equal.
+PLACEMENTS = ("displace", "join", "refill")
 CONTRACT_DOC = "docs/replay_contract.md"
 BATCH_KEYS = {
     "prompt": "list of prompts, one per question: str, or a list of chat messages",
@@ -51,14 +54,22 @@ class Experience:
             many on-policy questions of the batch, generates K-1 fresh rollouts per replayed question and
             computes advantages over the whole group of K.
         rollouts: the sampled trajectories (`replayed` is True on every row).
+        placement: mix mode: "displace" and "join" are the mix above (for "join" the rows are stored
+            trajectories of the batch's last questions themselves); "refill": `rollouts` is a pool, and after
+            scoring the fresh groups the module gives the places of groups whose K rewards are all equal to
+            the pool's first rows (as many on every rank), each with K-1 rollouts of a second round.
     """
 
     mode: Literal["swap", "mix"]
     rollouts: RolloutBatch
+    placement: Literal["displace", "join", "refill"] = "displace"
 
     def __post_init__(self) -> None:
         if self.mode not in REPLAY_MODES:
             raise ValueError(f"Experience.mode={self.mode!r}; allowed: {', '.join(REPLAY_MODES)}")
+        if self.placement not in PLACEMENTS or (self.mode == "swap" and self.placement != "displace"):
+            raise ValueError(f"Experience(mode={self.mode!r}) placement={self.placement!r}; allowed: "
+                             f"{', '.join(PLACEMENTS) if self.mode == 'mix' else 'displace'}")  # fmt: skip
 
 
 @runtime_checkable
@@ -187,28 +198,15 @@ def check_step_output(outputs: Any) -> RolloutBatch:
 _INTEGER = (lambda d: d == torch.long, "torch.long")
 _FLOAT = (lambda d: d.is_floating_point, "a float dtype")
 _DTYPES = {
-    "question_ids": _INTEGER,
-    "prompt_ids": _INTEGER,
-    "completion_ids": _INTEGER,
-    "policy_version": _INTEGER,
-    "behaviour_logps": _FLOAT,
-    "rewards": _FLOAT,
-    "entropy": _FLOAT,
-    "advantages": _FLOAT,
-}
+    "question_ids": _INTEGER, "prompt_ids": _INTEGER, "completion_ids": _INTEGER, "policy_version": _INTEGER,
+    "behaviour_logps": _FLOAT, "rewards": _FLOAT, "entropy": _FLOAT, "advantages": _FLOAT,
+}  # fmt: skip
 # Field -> the field whose shape it must have; None: one value per row.
 _SHAPES = {
-    "prompt_mask": "prompt_ids",
-    "completion_mask": "completion_ids",
-    "behaviour_logps": "completion_ids",
-    "question_ids": None,
-    "rewards": None,
-    "correct": None,
-    "entropy": None,
-    "advantages": None,
-    "policy_version": None,
-    "replayed": None,
-}
+    "prompt_mask": "prompt_ids", "completion_mask": "completion_ids", "behaviour_logps": "completion_ids",
+    "question_ids": None, "rewards": None, "correct": None, "entropy": None, "advantages": None,
+    "policy_version": None, "replayed": None,
+}  # fmt: skip
 
 
 def check_rollouts(rollouts: RolloutBatch, num_generations: int, scored: bool = True) -> None:
@@ -290,6 +288,8 @@ def check_experience_used(experience: Experience, rollouts: RolloutBatch) -> Non
     """
     stored = experience.rollouts
     replayed = rollouts.replayed.cpu()
+    if experience.placement == "refill":  # a pool: the module took its first rows, as many as it refilled
+        stored = stored.select(torch.arange(min(int(replayed.sum()), len(stored))))
     question_ids = rollouts.question_ids.cpu()
     given = torch.sort(stored.question_ids.cpu()).values
     got = torch.sort(question_ids[replayed]).values

@@ -291,6 +291,20 @@ def test_a_swap_step_that_also_generated_and_wrongly_flagged_rows_are_named():
         check_experience_used(experience, other)
 
 
+def test_a_placement_is_checked_and_a_refill_step_trains_on_the_pools_first_rows():
+    with pytest.raises(ValueError, match="placement='join'; allowed: displace"):
+        Experience("swap", stored_rows([10]), "join")
+    with pytest.raises(ValueError, match="placement='append'; allowed: displace, join, refill"):
+        Experience("mix", stored_rows([10]), "append")
+    pool = Experience("mix", stored_rows([10, 11, 12]), "refill")
+    check_experience_used(pool, step(batch()))  # no group gave its place: nothing of the pool trained on
+    first = Experience("mix", stored_rows([10]))
+    check_experience_used(pool, step(batch(experience=first)))  # its first row, in a mixed group
+    second = Experience("mix", stored_rows([11]))
+    with pytest.raises(ContractError, match=r"question ids \[11\]\) are not the rows"):
+        check_experience_used(pool, step(batch(experience=second)))
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     num_questions=st.integers(1, 5),

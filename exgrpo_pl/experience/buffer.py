@@ -218,6 +218,7 @@ class TrajectoryBuffer:
         question_sampling: str | None = None,
         trajectory_selection: str | None = None,
         replayed_trajectories: str = "correct",
+        questions: Tensor | None = None,
     ) -> RolloutBatch:
         """Draw up to `size` stored trajectories as a replay batch (`replayed=True`, `group_size=1`).
 
@@ -251,31 +252,25 @@ class TrajectoryBuffer:
             question_sampling: overrides the strategy's question sampling.
             trajectory_selection: overrides the strategy's trajectory selection.
             replayed_trajectories: "correct", or the seed's opt-in "any_stored_including_incorrect".
+            questions: draw one trajectory per question among these ids only (placement="join"); None: all.
         """
         return draw(
-            self._storage,
-            self.entropy_percentiles,
-            strategy,
-            size=size,
-            difficulty_range=difficulty_range,
-            entropy_percentile=entropy_percentile,
-            generator=generator,
-            entropy_fn=entropy_fn,
-            gaussian_sigma=gaussian_sigma,
-            question_sampling=question_sampling,
-            trajectory_selection=trajectory_selection,
-            replayed_trajectories=replayed_trajectories,
-        )
+            self._storage, self.entropy_percentiles, strategy, size=size, difficulty_range=difficulty_range,
+            entropy_percentile=entropy_percentile, generator=generator, entropy_fn=entropy_fn,
+            gaussian_sigma=gaussian_sigma, question_sampling=question_sampling,
+            trajectory_selection=trajectory_selection, replayed_trajectories=replayed_trajectories,
+            questions=questions,
+        )  # fmt: skip
 
     def question_columns(self, question_id: int) -> dict | None:
         """The dataset columns kept for a question (the buffer's own dict: read it), None when it has none."""
         return self._storage.columns.get(int(question_id))
 
-    def num_questions_in(self, difficulty_range: tuple[float, float]) -> int:
-        """How many questions replay could draw whose rate lies in `difficulty_range` (inclusive): stored,
-        not retired. The supply that `ReplayCallback(bounded_demand=True)` caps a step's replay at."""
+    def num_questions_in(self, difficulty_range: tuple[float, float], questions: Tensor | None = None) -> int:
+        """How many questions replay could draw (stored, not retired, among `questions` where given) whose
+        rate lies in `difficulty_range` (inclusive): the supply `ReplayCallback(bounded_demand=True)` caps."""
         low, high = check_rate_range(difficulty_range, "difficulty_range")
-        rates, eligible = replayable(self._storage)
+        rates, eligible = replayable(self._storage, questions)
         return int((eligible & (rates >= low) & (rates <= high)).sum())
 
     @property

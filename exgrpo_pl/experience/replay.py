@@ -111,9 +111,14 @@ class SelectiveReplay:
         return buffer.bucketer.medium_range(self.medium_difficulty_range, self.adaptive_range)
 
     def sample(
-        self, buffer: TrajectoryBuffer, size: int, entropy_fn: EntropyFn | None = None
+        self,
+        buffer: TrajectoryBuffer,
+        size: int,
+        entropy_fn: EntropyFn | None = None,
+        questions: torch.Tensor | None = None,
     ) -> RolloutBatch:
-        """Up to `size` trajectories from `buffer` with this strategy, see `TrajectoryBuffer.sample`."""
+        """Up to `size` trajectories from `buffer` with this strategy, among `questions` where given (one per
+        question), see `TrajectoryBuffer.sample`."""
         self._drawn = True
         return buffer.sample(
             self.strategy,
@@ -126,6 +131,7 @@ class SelectiveReplay:
             question_sampling=self.question_sampling,
             trajectory_selection=self.trajectory_selection,
             replayed_trajectories=self.replayed_trajectories,
+            questions=questions,
         )
 
     def state_dict(self) -> dict:

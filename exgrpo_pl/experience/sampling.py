@@ -73,6 +73,7 @@ def draw(
     question_sampling: str | None,
     trajectory_selection: str | None,
     replayed_trajectories: str = "correct",
+    questions: Tensor | None = None,
 ) -> RolloutBatch:
     """`TrajectoryBuffer.sample` on the buffer's `storage` (and its `entropy_percentiles`), which see."""
     qs, ts = resolve_strategy(strategy, question_sampling, trajectory_selection)
@@ -91,7 +92,7 @@ def draw(
             f"replayed_trajectories must be one of {list(REPLAYED_TRAJECTORIES)}, "
             f"got {replayed_trajectories!r}"
         )
-    rates, eligible = replayable(storage)  # refined below
+    rates, eligible = replayable(storage, questions)  # refined below
     allowed = None  # [high_water] slots that may be replayed; None: every occupied one
     if replayed_trajectories == "correct":
         allowed = (
@@ -111,7 +112,7 @@ def draw(
         entropy = storage.cols["entropy"][candidates]
         threshold = _percentile(entropy, entropy_percentile) if len(candidates) else np.inf
         passing = candidates[entropy <= threshold]
-        if qs == "medium_range":  # the seed's unit: trajectories, uniformly
+        if qs == "medium_range" and questions is None:  # the seed's unit: trajectories, uniformly
             return storage.gather(passing[_choose(len(passing), size, generator)])
         eligible[:] = False
         eligible[storage.cols["qidx"][passing]] = True  # questions with a trajectory that passed
@@ -125,13 +126,18 @@ def draw(
     return _one_per_question(storage, chosen, ts, threshold, entropy_fn, generator, allowed)
 
 
-def replayable(storage: SlotStorage) -> tuple[np.ndarray, np.ndarray]:
+def replayable(storage: SlotStorage, questions: Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(`[num_questions]` rates, `[num_questions]` bool: the question has a stored trajectory, a rate and
-    is not retired), in the bucketer's dense order."""
+    is not retired, and is one of `questions` where given), in the bucketer's dense order."""
     storage.sync_qidx()
     rates = storage.bucketer.dense_rates()
     eligible = storage.index.counts(len(rates)) > 0
     eligible &= np.isfinite(rates) & ~storage.bucketer.dense_retired()
+    if questions is not None:
+        among = np.zeros(len(rates), dtype=np.bool_)
+        dense = storage.bucketer.dense_index(questions)
+        among[dense[dense >= 0]] = True
+        eligible &= among
     return rates, eligible
 
 

@@ -29,6 +29,7 @@ from typing_extensions import override
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.checkpoints.resume import estimated_stepping_batches
+from exgrpo_pl.contract import PLACEMENTS
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.engines import SamplingConfig, build_engine
 from exgrpo_pl.lightning_internals import attached_trainer
@@ -44,6 +45,7 @@ from exgrpo_pl.rewards import ArithmeticReward
 from exgrpo_pl.step.collect import RolloutCollector
 from exgrpo_pl.step.groups import RolloutPlan, assemble_groups, plan_rollouts
 from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS
+from exgrpo_pl.step.refill import idle_groups, refill_plan, refilled
 from exgrpo_pl.step.rollout_memory import check_evaluation_memory, check_rollout_memory
 from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate
 
@@ -131,6 +133,8 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
             `{r: 16, lora_alpha: 32, target_modules: all-linear}` (needs the `peft` extra). The KL reference
             is then the base model with the adapter switched off, so no second copy is built.
     """
+
+    replay_placements = PLACEMENTS  # ReplayCallback(placement=...): refill happens in training_step
 
     def __init__(
         self,
@@ -300,6 +304,9 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
             metrics.update(collected)
         # Under DDP "batch" scaling takes the std of every rank's rewards: every rank assembles each step.
         rollouts = assemble_groups(plan, fresh, self.hparams.scale_rewards, self.sum_over_ranks)
+        experience, gave_way = batch.get("experience"), None
+        if experience is not None and experience.placement == "refill":
+            rollouts, gave_way = self._refill(rollouts, experience.rollouts, metrics)
         rollouts = rollouts.to(self.device)
         update_started = time.perf_counter()
         stats = self.update_policy(rollouts)
@@ -309,7 +316,25 @@ class ExGRPOModule(ReplayMixin, PolicyUpdate, PassRateEvaluation, ResumableModul
         self.last_step_metrics = metrics
         self._step_record = (rollouts, stats, metrics, time.perf_counter() - started)
         # A skipped update never finished scoring its rows (behaviour log-probs, entropy): nothing to store.
-        return {"loss": stats["loss"], "rollouts": rollouts, "skipped": not math.isfinite(stats["loss"])}
+        skipped = not math.isfinite(stats["loss"])
+        return {"loss": stats["loss"], "rollouts": rollouts, "skipped": skipped, "gave_way": gave_way}
+
+    def _refill(self, rollouts: RolloutBatch, pool: RolloutBatch, metrics: dict) -> tuple:
+        """(rows to train on, groups that gave way or None) by `exgrpo_pl.step.refill`, refilling as many
+        groups on every rank (generation is collective under ZeRO-3)."""
+        k = self.num_generations
+        idle = idle_groups(rollouts.rewards, k)
+        n = min(int(idle.sum()), len(pool))
+        if self.trainer.world_size > 1:
+            n = int(self.trainer.strategy.reduce(torch.tensor(n, device=self.device), reduce_op="min"))
+        if n == 0:
+            return rollouts, None
+        plan = refill_plan(pool, n, k)
+        fresh, collected = self._collect(plan, self.hparams.temperature)
+        self.generated_tokens += int(collected["generated_tokens"])
+        for key in ("timing/generation", "timing/reward"):
+            metrics[key] += collected[key]
+        return refilled(rollouts, idle, plan, fresh, self.hparams.scale_rewards, self.sum_over_ranks)
 
     def on_train_batch_end(self, outputs: dict, batch: dict, batch_idx: int) -> None:
         # Logged here, not in training_step: this hook runs after every callback's, so a callback that stops

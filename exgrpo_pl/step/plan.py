@@ -85,7 +85,7 @@ def plan_rollouts(batch: dict, num_generations: int) -> RolloutPlan:
     experience: Experience | None = batch.get("experience")
     question_ids = torch.as_tensor(batch["question_id"], dtype=torch.long)
     columns = dataset_columns(batch)
-    if experience is None:
+    if experience is None or experience.placement == "refill":  # refill: a pool the module draws on later
         n = len(batch["prompt"])
         return RolloutPlan(list(batch["prompt"]), question_ids, [k] * n, columns, group_size=k)
     stored = experience.rollouts

@@ -254,6 +254,12 @@ def test_quickstart_speed_benchmark(bench):
     assert result["ratio"] > 0
 
 
+def test_refill_cost_benchmark(bench):
+    result = json.loads((bench("refill_cost", "--steps", "3") / "refill_cost.json").read_text())
+    assert set(result) == {"GRPO", "recommended", "refill", "setup"}
+    assert result["GRPO"]["tokens_vs_grpo"] == 1.0 and result["refill"]["tokens_per_step"] > 0
+
+
 def test_every_benchmark_script_has_a_smoke_test():
     tested = set(re.findall(r'bench\(\s*"(\w+)"', Path(__file__).read_text()))
     assert {path.stem for path in BENCHMARKS.glob("*.py")} - tested == set()

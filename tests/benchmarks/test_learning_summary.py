@@ -10,9 +10,11 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import learning  # noqa: E402
 from learning import ROOT, VARIANTS, markdown_table, presets_table, summarise  # noqa: E402
+from test_buffer import make_batch  # noqa: E402
 
-from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.callbacks import ReplayCallback, replay_checks
 from exgrpo_pl.cli import ExGRPOCLI
+from exgrpo_pl.contract import Experience
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
 
@@ -194,3 +196,26 @@ def test_the_paper_preset_before_and_after_exact_train_on_as_many_batches(overla
             cli.trainer.fit_loop.epoch_loop.max_steps = overlay["trainer"]["max_steps"]
         learning.train_for_batches(cli, overlay, shipped_updates=2)
         assert cli.trainer.max_steps == batches * cli.model.updates_per_batch
+
+
+def test_the_placement_variants_are_the_recommended_preset_with_that_placement():
+    recommended = replay_checks.options(learning._replay_callback(_built("ExGRPO recommended")))
+    assert recommended["placement"] == "displace"
+    for placement in ("join", "refill"):
+        options = replay_checks.options(learning._replay_callback(_built(f"recommended, {placement}")))
+        assert options == {**recommended, "placement": placement}
+
+
+def test_fresh_questions_count_joined_ones_and_those_that_gave_way_but_not_displaced_or_refilled_ones():
+    # Groups of 2: question 1 fresh, 2 joined (its stored row first), 3 replayed (displaced or refilled).
+    rollouts = make_batch([1, 1, 2, 2, 3, 3], [1.0] * 6, replayed=[False, False, True, False, True, False])
+    rollouts.group_size = 2
+    assert learning.fresh_questions(rollouts) == {1}
+    again = make_batch([3, 3, 3, 3], [1.0] * 4, replayed=[True, False, False, False])
+    again.group_size = 2  # question 3 replayed in one group and fresh in the other (a batch question)
+    assert learning.fresh_questions(again) == {3}
+    stored = rollouts.select([2])
+    assert learning.fresh_questions(rollouts, Experience("mix", stored, "join")) == {1, 2}
+    assert learning.fresh_questions(rollouts, Experience("mix", stored, "displace")) == {1}
+    gave_way = make_batch([4, 4], [0.0, 0.0])
+    assert learning.fresh_questions(rollouts, Experience("mix", stored, "refill"), gave_way) == {1, 4}

@@ -282,9 +282,10 @@ def test_bounded_demand_replays_at_most_the_medium_supply(tmp_path, tiny_model_d
     callback = ReplayCallback(buffer=buffer, mode="mix", mix_fraction=0.75, bounded_demand=True)
     # rates 0, .25, .5, .75, 1: only the question at .5 lies in the medium range (0.3, 0.7)
     buffer.add(RolloutBatch.cat([group(q, q, 4) for q in range(5)]))
-    assert callback._demand(questions=8, k=4) == 1
-    assert ReplayCallback(buffer=buffer, mode="mix", mix_fraction=0.75)._demand(questions=8, k=4) == 6
-    assert ReplayCallback(buffer=TrajectoryBuffer(), mode="mix", bounded_demand=True)._demand(8, 4) == 0
+    eight = {"prompt": ["q"] * 8, "question_id": torch.arange(8)}
+    assert callback._demand(eight, k=4) == 1
+    assert ReplayCallback(buffer=buffer, mode="mix", mix_fraction=0.75)._demand(eight, k=4) == 6
+    assert ReplayCallback(buffer=TrajectoryBuffer(), mode="mix", bounded_demand=True)._demand(eight, 4) == 0
     with pytest.raises(ValueError, match="bounded_demand=True needs mode='mix'"):
         ReplayCallback(mode="swap", bounded_demand=True)
 

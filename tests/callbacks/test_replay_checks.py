@@ -23,7 +23,7 @@ from exgrpo_pl.callbacks.replay_checks import (
 )
 from exgrpo_pl.contract import ContractError
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.experience import DifficultyBucketer, TrajectoryBuffer
+from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 from exgrpo_pl.rewards import FormatReward
 
 
@@ -129,6 +129,14 @@ def test_an_active_replay_that_never_replayed_says_so_at_the_end(tmp_path, tiny_
     ):
         trainer, _ = fit(tmp_path, tiny_model_dir, [callback], max_steps=4, reward=never)
     assert trainer.logged_metrics["replay/replayed_steps"] == 0 and len(buffer) == 0
+
+
+def test_join_on_a_single_pass_never_replays_and_says_why_at_the_end(tmp_path, tiny_model_dir):
+    replay = SelectiveReplay("uniform", 1.0, replayed_trajectories="any_stored_including_incorrect")
+    callback = ReplayCallback(replay=replay, mode="mix", placement="join", min_buffer_size=1)
+    with pytest.warns(UserWarning, match=r"placement='join' replays only questions of the batch that the"):
+        trainer, _ = fit(tmp_path, tiny_model_dir, [callback], max_steps=4)  # within the first pass
+    assert len(callback.buffer) and trainer.logged_metrics["replay/joined_groups"] == 0
 
 
 def test_a_run_that_replayed_warns_nothing_at_its_end(tmp_path, tiny_model_dir, recwarn):

@@ -34,8 +34,8 @@ class DeferringReplay(ReplayCallback):
         super().__init__(**kwargs)
         self.demands = []
 
-    def _demand(self, questions, k):
-        demand = super()._demand(questions, k)
+    def _demand(self, batch, k):
+        demand = super()._demand(batch, k)
         self.demands.append(max(demand - dist.get_rank(), 0))
         return self.demands[-1]
 

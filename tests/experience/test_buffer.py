@@ -286,6 +286,18 @@ def test_medium_range_filter():
     assert len(batch) == 9  # trajectory unit: 3/4 of the 12 candidates pass the 75th percentile
 
 
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "entropy_guided"])
+def test_a_draw_among_given_questions_returns_one_stored_row_of_each_of_them_at_most(strategy):
+    buffer = no_retire()
+    buffer.add(RolloutBatch.cat([group(q, 2, 4) for q in range(6)]))  # every rate .5: all medium
+    among = torch.tensor([1, 4, 99])  # 99: not held
+    batch = buffer.sample(strategy, **ANY, size=10, questions=among, difficulty_range=(0.0, 1.0),
+                          entropy_percentile=75, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert sorted(batch.question_ids.tolist()) == [1, 4]  # one each, though the seed's unit is trajectories
+    assert len(buffer.sample(strategy, **ANY, size=10, questions=torch.tensor([99]))) == 0
+    assert buffer.num_questions_in((0.3, 0.7), among) == 2 and buffer.num_questions_in((0.3, 0.7)) == 6
+
+
 def test_entropy_percentile_filter():
     buffer = no_retire()
     entropy = [float(e) for e in np.random.default_rng(0).permutation(100)]

@@ -1,0 +1,111 @@
+"""What refill costs in generation: GRPO, the recommended preset (placement displace) and the recommended
+preset with `placement: refill`, side by side on one task and seed.
+
+Each variant trains `--steps` steps of its shipped preset (configs/grpo_baseline.yaml, configs/exgrpo.yaml)
+on the task of the learning benchmark (benchmarks/learning.py `task_overlay`), and records per step the
+completion tokens generated (both rounds of a refill step) and the wall time from one batch start to the
+next, and the groups refilled. Prints each variant's means and their ratios to GRPO's, over all steps and
+over the steps that refilled, and writes benchmarks/results/refill_cost.json.
+
+    python benchmarks/refill_cost.py --steps 60                 # arithmetic, seed 0: about 5 min on 2 cores
+    python benchmarks/refill_cost.py --task small_pool --steps 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from learning import ROOT, TASKS, _replay_callback, task_overlay
+from lightning.pytorch import Callback
+
+from exgrpo_pl.cli import ExGRPOCLI
+from exgrpo_pl.data import PromptDataModule
+from exgrpo_pl.module import ExGRPOModule
+
+RESULTS = ROOT / "benchmarks" / "results"
+VARIANTS = {"GRPO": ("grpo_baseline", None), "recommended": ("exgrpo", None), "refill": ("exgrpo", "refill")}
+
+
+class Meter(Callback):
+    """Per step: (completion tokens generated, seconds from this batch start to the next, groups refilled)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, float, int]] = []
+        self._started, self._tokens, self._refilled = None, 0, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        if self._started is not None:
+            tokens = pl_module.generated_tokens - self._tokens
+            self.steps.append((tokens, now - self._started, self._refilled))
+        self._started, self._tokens = now, pl_module.generated_tokens
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._refilled = len(outputs.get("gave_way") or ()) // pl_module.num_generations
+
+
+def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tuple[int, float, int]]:
+    preset, placement = VARIANTS[name]
+    overlay = task_overlay(task)
+    overlay.setdefault("trainer", {}).update(max_steps=steps + 1, val_check_interval=None)
+    workdir.mkdir(parents=True)
+    (workdir / "overlay.yaml").write_text(yaml.safe_dump(overlay))
+    args = [
+        "--config", str(ROOT / "configs" / f"{preset}.yaml"), "--config", str(workdir / "overlay.yaml"),
+        f"--seed_everything={seed}", "--trainer.max_epochs=1000", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_checkpointing=false", "--trainer.limit_val_batches=0", "--trainer.logger=false",
+        "--model.validate_at_start=false", f"--trainer.default_root_dir={workdir}",
+    ]  # fmt: skip
+    cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
+    if placement is not None:
+        _replay_callback(cli).placement = placement
+    meter = Meter()
+    cli.trainer.callbacks.insert(0, meter)  # first: its batch start precedes the replay callback's sampling
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return meter.steps
+
+
+def summary(steps: list[tuple[int, float, int]], grpo: list[tuple[int, float, int]]) -> dict:
+    tokens, seconds = statistics.mean(s[0] for s in steps), statistics.mean(s[1] for s in steps)
+    refilling = [s for s in steps if s[2]]
+    out = {
+        "tokens_per_step": tokens, "seconds_per_step": seconds,
+        "tokens_vs_grpo": tokens / statistics.mean(s[0] for s in grpo),
+        "seconds_vs_grpo": seconds / statistics.mean(s[1] for s in grpo),
+        "refilling_steps": len(refilling), "refilled_groups_per_step": statistics.mean(s[2] for s in steps),
+    }  # fmt: skip
+    if refilling:
+        out["tokens_per_refilling_step"] = statistics.mean(s[0] for s in refilling)
+        out["seconds_per_refilling_step"] = statistics.mean(s[1] for s in refilling)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--task", choices=TASKS, default="arithmetic")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        measured = {name: run(name, args.task, args.steps, args.seed, Path(tmp) / name) for name in VARIANTS}
+    result = {name: summary(steps, measured["GRPO"]) for name, steps in measured.items()}
+    result["setup"] = {"task": args.task, "steps": args.steps, "seed": args.seed}
+    for name, row in result.items():
+        if name != "setup":
+            print(f"{name:12s} " + ", ".join(f"{key} {value:.3g}" for key, value in row.items()))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "refill_cost.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
