@@ -94,17 +94,24 @@ class RewardBySource:
         ValueError: on no reward functions at all, or two sources that are the same as text (`7` and "7").
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> RewardBySource:
+    def __new__(
+        cls,
+        rewards: dict[str, Callable[..., Any] | None],
+        default: Callable[..., Any] | None = None,
+        column: str = "domain",
+        name: str = "by_source",
+    ) -> RewardBySource:
         # Whether a call must be awaited is a property of the class (TRL's `is_async_callable` reads
-        # `type(fn).__call__`), so routing to an async function makes the instance the async class.
-        rewards = kwargs.get("rewards", args[0] if args else {})
-        default = kwargs.get("default", args[1] if len(args) > 1 else None)
-        functions = [*getattr(rewards, "values", list)(), default]
-        if cls is RewardBySource and any(
-            fn is not None and callable(fn) and is_async(fn) for fn in functions
-        ):
+        # `type(fn).__call__`), so routing to an async function makes the instance the async class. The
+        # signature is `__init__`'s: jsonargparse reads a class's options from it.
+        functions = [fn for fn in [*getattr(rewards, "values", list)(), default] if callable(fn)]
+        if cls is RewardBySource and any(is_async(fn) for fn in functions):
             cls = AsyncRewardBySource
         return super().__new__(cls)
+
+    def __getnewargs__(self) -> tuple:
+        """What `__new__` gets back when the instance is unpickled or copied."""
+        return (self.rewards, self.default)
 
     def __init__(
         self,
