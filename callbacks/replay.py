@@ -10,23 +10,15 @@ step chooses between an on-policy batch and experience. Works with any module th
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from exgrpo_pl.callbacks import placement, replay_checks
-from exgrpo_pl.callbacks.collectives import (
-    all_ranks,
-    min_across_ranks,
-    object_group,
-    rank_and_world_size,
-    union_across_ranks,
-)
+from exgrpo_pl.callbacks import placement, replay_checks, replay_state
+from exgrpo_pl.callbacks.collectives import all_ranks, min_across_ranks, union_across_ranks
 from exgrpo_pl.callbacks.global_rng import global_rng_state, restore_global_rng_state
 from exgrpo_pl.callbacks.rescoring import Rescoring
 from exgrpo_pl.checkpoints.resume import resumable_fit_progress, settle_resumed_step_count
@@ -351,22 +343,8 @@ class ReplayCallback(Callback):
     # ---------------------------------------------------------------------------- checkpoints
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Tensors and primitives only (loads with `torch.load(weights_only=True)`).
-
-        Every rank keeps its own buffer; `"ranks"` holds rank states in rank order, and where they go depends
-        on who writes the checkpoint file:
-
-        - DDP, DeepSpeed ZeRO 0-2, one process: rank 0 alone writes the file that every rank reads back
-          (DeepSpeed: `checkpoint/mp_rank_00_model_states.pt`), so every rank's state is gathered to rank 0
-          here (every rank runs this hook): `{"ranks": [rank 0's, ..., rank N-1's]}`; the other ranks, which
-          write nothing, return their own. The gather runs over a gloo group, in CPU memory: over the default
-          NCCL group the pickled buffers would be staged on the GPU, N of them on rank 0.
-        - DeepSpeed ZeRO-3: DeepSpeed writes Lightning's client state, callback states included, into every
-          rank's own `checkpoint/zero_pp_rank_<r>_mp_rank_00_model_states.pt`, and each rank loads its own
-          file (`DeepSpeedEngine._get_ckpt_name`). Gathering would put all N buffers in each of the N files
-          and in each rank's memory while saving, so each rank saves only its own state, marked with its
-          rank: `{"ranks": [rank r's], "rank": r, "world_size": N}`.
-        """
+        """Tensors and primitives only (loads with `torch.load(weights_only=True)`); every rank keeps its own
+        buffer, laid out for whoever writes the checkpoint file (`replay_state.for_checkpoint`)."""
         own = {
             "buffer": self.buffer.state_dict(),
             "replay": self.replay.state_dict(),
@@ -380,14 +358,7 @@ class ReplayCallback(Callback):
             # A module of one's own may sample from the global generators: a resume continues them.
             "global_rng": global_rng_state(),
         }
-        rank, world_size = rank_and_world_size()
-        if self._rank_writes_own_file:
-            return {"ranks": [own], "rank": rank, "world_size": world_size}
-        if world_size > 1:
-            ranks: list[Any] | None = [None] * world_size if rank == 0 else None
-            dist.gather_object(own, ranks, dst=0, group=object_group())
-            return {"ranks": ranks} if rank == 0 else {"ranks": [own], "rank": rank, "world_size": world_size}
-        return {"ranks": [own]}
+        return replay_state.for_checkpoint(own, self._rank_writes_own_file)
 
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
@@ -399,34 +370,9 @@ class ReplayCallback(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores this rank's own state, from either layout that `state_dict()` writes.
-
-        `"ranks"` holds the states of saved ranks `"rank"`, `"rank"` + 1, ... (no `"rank"`: from 0) of a run
-        of `"world_size"` ranks (none given: `len(ranks)`), and rank r takes saved rank r's. Where that is
-        missing, rank r takes entry `r % len(ranks)`, so ranks share buffers rather than start empty (the
-        decision generator and the replay phase are the same on all saved ranks); the rank warns about
-        that, as about any change of world size:
-
-        - a gathered checkpoint resumed by more ranks (a one-process checkpoint's state goes to every rank);
-          resumed by fewer, the buffers of the saved ranks beyond them are dropped.
-        - a ZeRO-3 file holds one rank's state, and each rank reads its own file. DeepSpeed refuses a plain
-          ZeRO-3 resume with another world size (a new rank has no file; the optimizer partitions are sized
-          for the old world), so a rank reads another's file only where every rank is handed rank 0's:
-          DeepSpeed's universal checkpoints, or one file made by Lightning's
-          `convert_zero_checkpoint_to_fp32_state_dict`. Every rank then starts from rank 0's state.
-        """
-        ranks = state_dict["ranks"]
-        first = state_dict.get("rank", 0)
-        saved_world_size = state_dict.get("world_size", len(ranks))
-        rank, world_size = rank_and_world_size()
-        index = rank - first if first <= rank < first + len(ranks) else rank % len(ranks)
-        if first + index != rank or saved_world_size != world_size:
-            warnings.warn(
-                f"ReplayCallback: replay state saved by {saved_world_size} rank(s) is resumed by "
-                f"{world_size}: rank {rank} takes saved rank {first + index}'s buffer",
-                stacklevel=2,
-            )
-        own = ranks[index]
+        """Restores this rank's own state, from either layout that `state_dict()` writes
+        (`replay_state.own_state`)."""
+        own = replay_state.own_state(state_dict)
         current, default = replay_checks.options(self), replay_checks.defaults(self)
         replay_checks.warn_changed(own.get("options"), current, default)
         self.buffer.load_state_dict(own["buffer"])

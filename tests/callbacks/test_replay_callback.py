@@ -11,8 +11,7 @@ from lightning.pytorch.loggers import CSVLogger
 from test_buffer import group
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.callbacks import ReplayCallback
-from exgrpo_pl.callbacks import replay as replay_callback
+from exgrpo_pl.callbacks import ReplayCallback, replay_state
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 
@@ -184,7 +183,7 @@ def saved_states(*saved_ranks):
     ],
 )
 def test_each_rank_takes_its_own_saved_state_or_warns(monkeypatch, state, rank, world_size, takes, warns):
-    monkeypatch.setattr(replay_callback, "rank_and_world_size", lambda: (rank, world_size))
+    monkeypatch.setattr(replay_state, "rank_and_world_size", lambda: (rank, world_size))
     restored = ReplayCallback()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -11,7 +11,7 @@ from conftest import tiny_module
 from lightning.pytorch import Callback, Trainer, seed_everything
 from test_resume import assert_same
 
-from exgrpo_pl.callbacks import ReplayCallback
+from exgrpo_pl.callbacks import ReplayCallback, replay_state
 from exgrpo_pl.callbacks import replay as replay_callback
 from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
@@ -232,13 +232,13 @@ class RecordStateDict(Callback):
     def on_train_end(self, trainer, pl_module):
         replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
         state = replay.state_dict()
-        group = replay_callback.object_group()
+        group = replay_state.object_group()
         record = {
             "ranks": [len(s["buffer"]["seq"]) for s in state["ranks"]],
             "rank": state.get("rank"),
             "own": len(replay.buffer),
             "backend": dist.get_backend(group),
-            "same_group": group is replay_callback.object_group() and group is not dist.group.WORLD,
+            "same_group": group is replay_state.object_group() and group is not dist.group.WORLD,
         }
         (self.out_dir / f"state{trainer.global_rank}.json").write_text(json.dumps(record))
 

@@ -237,7 +237,8 @@ def test_a_training_step_reads_top_to_bottom_and_no_stage_calls_back_up(tiny_mod
     trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[InjectMix(), walk, record], limit_val_batches=0)
     trainer.fit(make_module(tiny_model_dir), datamodule=data)
     assert bool(record.outputs[-1]["rollouts"].replayed.any())  # a mixed step, the longest way through
-    from_module = [callee for caller, callee in walk.calls if caller == "module/grpo.py"]
+    module = ("module/grpo.py", "module/sampling.py")  # the module's own files: it samples in the second
+    from_module = [callee for caller, callee in walk.calls if caller in module and callee not in module]
     visits = [f for i, f in enumerate(from_module) if i == 0 or f != from_module[i - 1]]
     # batch.py: the groups moved to the module's device (`RolloutBatch.to`)
     assert visits == ["step/plan.py", "step/collect.py", "step/assembly.py", "batch.py", "step/update.py"]
