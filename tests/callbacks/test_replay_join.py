@@ -41,27 +41,34 @@ class RecordSteps(Callback):
         self.steps.append((batch["question_id"].tolist(), groups, replayed, self._held))
 
 
-def train(root, model_dir, steps, ckpt_path=None, **options) -> Run:
-    """The tiny module joining from the second pass on (uniform questions, every step); a checkpoint at the
-    end."""
+def fit_placement(
+    root, model_dir, steps, placement, rows, record, ckpt_path=None, module=None, **options
+) -> Run:
+    """The tiny module (or `module`) placing experience by `placement` as soon as the buffer allows (uniform
+    questions, every step, any stored row), on `rows` questions in batches of BATCH, recorded by `record` (its
+    `steps` become the run's); a checkpoint at the end."""
     seed_everything(0)
     replay = ReplayCallback(
-        mode="mix", placement="join", min_buffer_size=1,
+        mode="mix", placement=placement, min_buffer_size=1,
         replay=SelectiveReplay("uniform", replay_probability=1.0, **ANY_STORED),
         buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4, retire_from="buffer")), **options,
     )  # fmt: skip
-    record = RecordSteps()
     trainer = Trainer(
         max_steps=steps, max_epochs=100, accelerator="cpu", logger=CSVLogger(root, name="log"),
         log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
         default_root_dir=root, plugins=[AtomicCheckpointIO()],
         callbacks=[replay, SafeModelCheckpoint(dirpath=root / "checkpoints", save_last="link"), record],
     )  # fmt: skip
-    data = PromptDataModule(synthetic=ArithmeticTask(ROWS, seed=1), batch_size=BATCH, val_fraction=0.0)
-    trainer.fit(tiny_module(model_dir), data, ckpt_path=ckpt_path)
+    data = PromptDataModule(synthetic=ArithmeticTask(rows, seed=1), batch_size=BATCH, val_fraction=0.0)
+    trainer.fit(module or tiny_module(model_dir), data, ckpt_path=ckpt_path)
     run = Run(trainer.lightning_module, replay, trainer, data)
     run.steps = record.steps
     return run
+
+
+def train(root, model_dir, steps, ckpt_path=None, **options) -> Run:
+    """Joining from the second pass on; a checkpoint at the end."""
+    return fit_placement(root, model_dir, steps, "join", ROWS, RecordSteps(), ckpt_path, **options)
 
 
 def test_a_held_question_of_the_batch_gets_a_stored_row_in_its_own_group_and_no_question_leaves(

@@ -7,19 +7,15 @@ one bitwise; a module whose step cannot refill is stopped at setup."""
 import pytest
 import torch
 from conftest import tiny_module
-from lightning.pytorch import Callback, Trainer, seed_everything
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch import Callback
+from test_replay_join import BATCH, fit_placement
 from test_resume import Run, assert_same, final_state, logged
 
-from exgrpo_pl.callbacks import ReplayCallback
-from exgrpo_pl.checkpoints import AtomicCheckpointIO, SafeModelCheckpoint
 from exgrpo_pl.contract import ContractError
-from exgrpo_pl.data import ArithmeticTask, PromptDataModule
-from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.step.refill import idle_groups
 
-ROWS, BATCH, K = 16, 4, 4  # 4 steps an epoch
+ROWS, K = 16, 4  # 4 steps an epoch of BATCH (4) questions
 # These tests are about where the stored rows go, not which are drawn: every stored row may be replayed.
 ANY_STORED = {"replayed_trajectories": "any_stored_including_incorrect"}
 
@@ -41,26 +37,8 @@ class RecordSteps(Callback):
 
 
 def train(root, model_dir, steps, ckpt_path=None, module=None, **options) -> Run:
-    """The tiny module refilling from the second step on (uniform questions, every step); a checkpoint at
-    the end."""
-    seed_everything(0)
-    replay = ReplayCallback(
-        mode="mix", placement="refill", min_buffer_size=1,
-        replay=SelectiveReplay("uniform", replay_probability=1.0, **ANY_STORED),
-        buffer=TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=4, retire_from="buffer")), **options,
-    )  # fmt: skip
-    record = RecordSteps()
-    trainer = Trainer(
-        max_steps=steps, max_epochs=100, accelerator="cpu", logger=CSVLogger(root, name="log"),
-        log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        default_root_dir=root, plugins=[AtomicCheckpointIO()],
-        callbacks=[replay, SafeModelCheckpoint(dirpath=root / "checkpoints", save_last="link"), record],
-    )  # fmt: skip
-    data = PromptDataModule(synthetic=ArithmeticTask(ROWS, seed=1), batch_size=BATCH, val_fraction=0.0)
-    trainer.fit(module or tiny_module(model_dir), data, ckpt_path=ckpt_path)
-    run = Run(trainer.lightning_module, replay, trainer, data)
-    run.steps = record.steps
-    return run
+    """Refilling from the second step on; a checkpoint at the end."""
+    return fit_placement(root, model_dir, steps, "refill", ROWS, RecordSteps(), ckpt_path, module, **options)
 
 
 def test_groups_with_equal_rewards_give_their_places_to_replayed_questions(tmp_path, tiny_model_dir):
