@@ -96,7 +96,7 @@ def _without_replay(cli) -> None:
 
 
 _BUFFER_ONLY = {"retire_from": "buffer"}
-_KEEP_LAST = {"all_wrong_groups": "keep_last"}
+_KEEP_LAST, _COUNTED = {"all_wrong_groups": "keep_last"}, {"all_wrong_groups": "count"}
 _BEFORE_EXACT = {
     "loss_type": "dapo",
     "entropy_coef": 0.001,
@@ -119,8 +119,9 @@ VARIANTS = {
     "rho 0.75": ("exgrpo_paper", _changed(callback={"mix_fraction": 0.75}), 44.8),
     "paper preset, no replay": ("exgrpo_paper", _without_replay, None),
     # The paper preset before it took the official code's loss normaliser, entropy weight, two updates per
-    # batch and clipping schedule (configs/exgrpo_paper.yaml says what each is): the rows measured before.
-    "paper, before exact": ("exgrpo_paper", _changed(module=_BEFORE_EXACT), None),
+    # batch, clipping schedule and rule for all-wrong groups (configs/exgrpo_paper.yaml says what each is):
+    # the rows measured before.
+    "paper, before exact": ("exgrpo_paper", _changed(module=_BEFORE_EXACT, bucketer=_COUNTED), None),
     # Not the paper's: what a solved question leaves, and replay demand bounded by the medium supply.
     "paper, retire from buffer": ("exgrpo_paper", _changed(bucketer=_BUFFER_ONLY), None),
     "paper, bounded demand": ("exgrpo_paper", _changed(callback={"bounded_demand": True}), None),
@@ -136,8 +137,9 @@ VARIANTS = {
     # of groups whose K rewards are all equal (ReplayCallback's placement).
     "recommended, join": ("exgrpo", _changed(callback={"placement": "join"}), None),
     "recommended, refill": ("exgrpo", _changed(callback={"placement": "refill"}), None),
-    # The paper's code skips a group with no correct rollout, so its question keeps its last bucket.
-    "paper, all-wrong keeps last bucket": ("exgrpo_paper", _changed(bucketer=_KEEP_LAST), None),
+    # The paper's code skips a group with no correct rollout, so its question keeps its last bucket (the
+    # paper preset's rule); "counted" is ours, the other presets'.
+    "paper, all-wrong counted": ("exgrpo_paper", _changed(bucketer=_COUNTED), None),
     "recommended, all-wrong keeps last bucket": ("exgrpo", _changed(bucketer=_KEEP_LAST), None),
     # The seed preset retires from the buffer only (the bucketer's default); this variant, the paper's way.
     "seed, retire from buffer and stream": (

@@ -1,5 +1,6 @@
 """Every shipped YAML parses with the CLI and builds its trainer, module, datamodule and callbacks."""
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,36 @@ def test_config_builds(config, tmp_path, tiny_model_dir):
         papers = config.name == "exgrpo_paper.yaml" or config.name.startswith("qwen")
         expected = "buffer_and_stream" if papers else "buffer"
         assert replay[0].buffer.bucketer.retire_from == expected
+
+
+# What the paper's recipe is, beside its scale: the module's algorithm and the replay callback's choices.
+PAPER_ALGORITHM = (
+    "num_generations", "temperature", "loss_type", "scale_rewards", "epsilon", "num_iterations", "beta",
+    "entropy_coef", "steps_per_generation", "clip_after_replay_starts", "off_policy_correction",
+    "shaping_beta",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-math-1.5b_zero2.yaml", "qwen2.5-math-1.5b_zero3.yaml"])
+def test_the_qwen_presets_run_the_paper_presets_algorithm(name):
+    """The Qwen presets are configs/exgrpo_paper.yaml at the paper's scale: the same loss, updates per batch,
+    clipping schedule, bucketing and replay; only sizes, the learning rate and the gradient clip differ."""
+    paper, qwen = (yaml.safe_load((CONFIGS[0].parent / n).read_text()) for n in ("exgrpo_paper.yaml", name))
+    model = qwen["model"]
+    defaults = {k: v.default for k, v in inspect.signature(ExGRPOModule.__init__).parameters.items()}
+    algorithm = [{k: p["model"].get(k, defaults[k]) for k in PAPER_ALGORITHM} for p in (paper, qwen)]
+    assert algorithm[0] == algorithm[1]
+    replay = [
+        c["init_args"] for preset in (paper, qwen) for c in preset["trainer"]["callbacks"]
+        if c["class_path"].endswith("ReplayCallback")
+    ]  # fmt: skip
+    for args in replay:
+        del args["min_buffer_size"]  # per GPU, sized to the batch
+    assert replay[0] == replay[1]
+    # An update takes the official mini-batch, 64 rollouts per GPU, and its clip of 1.0 on a loss 64 times
+    # ours (dr_grpo over those 64 rows) is 1/64 here.
+    assert qwen["data"]["batch_size"] * model["num_generations"] / model["steps_per_generation"] == 64
+    assert model["max_grad_norm"] == 1 / 64
 
 
 def test_config_errors_name_the_field(tmp_path):

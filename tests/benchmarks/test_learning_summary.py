@@ -191,6 +191,8 @@ def test_the_paper_preset_before_and_after_exact_train_on_as_many_batches(overla
     assert (hp.loss_type, hp.entropy_coef, hp.clip_after_replay_starts) == ("dapo", 0.001, True)
     hp = exact.model.hparams
     assert (hp.loss_type, hp.entropy_coef, hp.clip_after_replay_starts) == ("dr_grpo", 3.125e-5, False)
+    rules = [learning._replay_callback(cli).buffer.bucketer.all_wrong_groups for cli in (exact, before)]
+    assert rules == ["keep_last", "count"]
     for cli in (exact, before):
         if overlay:  # as the CLI lays a task's overlay over the preset
             cli.trainer.fit_loop.epoch_loop.max_steps = overlay["trainer"]["max_steps"]

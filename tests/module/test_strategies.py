@@ -69,7 +69,10 @@ def test_preset_builds_its_deepspeed_strategy(stage, tiny_model_dir, tmp_path):
     assert cli.trainer.precision == "bf16-true"
     hp = cli.model.hparams
     assert (hp.num_generations, hp.learning_rate, hp.temperature, hp.beta) == (8, 1e-6, 1.0, 0.0)
-    assert (hp.entropy_coef, hp.scale_rewards, hp.shaping_beta) == (0.001, "none", 0.1)
+    # The official code's loss, entropy weight and updates (configs/exgrpo_paper.yaml's settings).
+    assert (hp.loss_type, hp.entropy_coef, hp.scale_rewards) == ("dr_grpo", 3.125e-5, "none")
+    assert hp.shaping_beta == 0.1
+    assert (hp.steps_per_generation, hp.clip_after_replay_starts) == (2, False)
     assert (hp.dtype, hp.attn_implementation, hp.gradient_checkpointing) == ("bfloat16", "sdpa", True)
     assert [type(f).__name__ for f in cli.model.collector.reward_funcs] == ["MathVerifyReward"]
     replay = next(c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback))
@@ -80,8 +83,8 @@ def test_preset_builds_its_deepspeed_strategy(stage, tiny_model_dir, tmp_path):
 
     check_strategy(cli.trainer, cli.model, cli.datamodule)
     # The engine clips (Lightning's DeepSpeed plugin ignores clip_gradients), with model.max_grad_norm.
-    assert strategy.config["gradient_clipping"] == hp.max_grad_norm == 1.0
-    # 32 backwards per step are summed, in fp32 (test_deepspeed_sums_every_micro_batch_in_fp32).
+    assert strategy.config["gradient_clipping"] == hp.max_grad_norm == 1 / 64
+    # 16 backwards per update are summed, in fp32 (test_deepspeed_sums_every_micro_batch_in_fp32).
     assert strategy.config["managed_gradient_accumulation"] is False
     assert strategy.config["data_types"] == {"grad_accum_dtype": "fp32"}
     check_strategy(cli.trainer, cli.model, cli.datamodule)  # idempotent
