@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 
 from learning import RESULTS, TASKS, interval
-from learning_yardstick import EQUAL_FRESH, figures, fresh_question_budget
+from learning_yardstick import EQUAL_FRESH, figures, reading_budgets
 
 DECIDING = ("ours: val pass@1, T=1", "ID avg@4, T=0.6")
 SEEDS = 5  # paired seeds a comparison needs by default (fewer: "not measured", as while its runs are going)
@@ -95,8 +95,8 @@ def paired(
     """A's figure minus B's in points, paired by seed over seeds 0 .. `seeds`-1: mean and 95% half-width
     (None: fewer than `seeds` of them that both ran with the figure)."""
     variants = runs.get(task, {})
-    budget = fresh_question_budget(variants)
-    by_seed = [{r["seed"]: figures(r, budget) for r in variants.get(name, [])} for name in (a, b)]
+    budgets = reading_budgets(variants) if variants else None
+    by_seed = [{r["seed"]: figures(r, budgets) for r in variants.get(name, [])} for name in (a, b)]
     differences = [
         100 * (by_seed[0][seed][column] - by_seed[1][seed][column])
         for seed in sorted(by_seed[0].keys() & by_seed[1].keys())

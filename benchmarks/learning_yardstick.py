@@ -10,7 +10,9 @@ training: nothing to measure.) The final weights are then evaluated the way the 
 sampled at T = 0.6, avg@4 (mean correctness over 4 samples of each problem) and greedy pass@1, on the
 task's held-out questions (in distribution) and on 500 questions of the held-out family (out of
 distribution). Our own yardstick, validation pass@1 at the training temperature (T = 1), is the run's last
-curve point. Differences from GRPO are paired by seed, with 95% Student-t intervals.
+curve point; the T = 1 curve is also read at the generated tokens every run of the task reached, and at the
+fresh questions trained on every run reached. Differences from GRPO are paired by seed, with 95% Student-t
+intervals.
 
     python benchmarks/learning_yardstick.py --jobs 2 --tasks reasoning --variants GRPO "ExGRPO recommended"
     python benchmarks/learning_yardstick.py --jobs 2 --resume      # all presets and tasks, 5 seeds
@@ -26,6 +28,7 @@ import json
 import multiprocessing
 import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +41,7 @@ from learning import (
     VARIANTS,
     _pyplot,
     at_fresh_questions,
+    at_tokens,
     interval,
     run,
 )
@@ -55,6 +59,7 @@ TEMPERATURE = 0.6  # the paper's evaluation temperature
 SAMPLES = 4  # k of avg@k: the paper's 32 for AIME/AMC, fewer here for 500-question sets on a CPU
 OOD_QUESTIONS = 500
 EQUAL_FRESH = "T=1 at equal fresh questions"
+EQUAL_TOKENS = "T=1 at equal generated tokens"
 # Yardstick rows: (set, metric) -> its column name.
 MEASURES = {
     ("id", f"avg@{SAMPLES}"): f"ID avg@{SAMPLES}, T=0.6",
@@ -103,22 +108,34 @@ def measure(cli, task: str) -> dict:
     return {name: rows[name] for name in eval_sets}
 
 
-def figures(run_record: dict, fresh_budget: float | None = None) -> dict[str, float]:
-    """A run's yardstick figures by column, with our own (final val pass@1 at T = 1) first, and with a
-    `fresh_budget` its T = 1 curve read at that many fresh questions trained on (runs that recorded them)."""
+@dataclass(frozen=True)
+class Budgets:
+    """Where a task's T = 1 curves are read besides their end: at the generated tokens every run reached, and
+    at the fresh questions trained on every run that recorded them reached (None: none did)."""
+
+    tokens: float
+    fresh_questions: float | None
+
+
+def reading_budgets(variants: dict) -> Budgets:
+    """The `Budgets` of a task's runs (every variant's)."""
+    runs = [r for variant_runs in variants.values() for r in variant_runs]
+    reached = [r["fresh_questions"][-1][0] for r in runs if "fresh_questions" in r]
+    return Budgets(min(r["curve"][-1][1] for r in runs), min(reached) if reached else None)
+
+
+def figures(run_record: dict, budgets: Budgets | None = None) -> dict[str, float]:
+    """A run's yardstick figures by column, with our own (final val pass@1 at T = 1) first, and with
+    `budgets` its T = 1 curve read at that many generated tokens and fresh questions trained on (runs that
+    recorded them)."""
     row = {"ours: val pass@1, T=1": run_record["curve"][-1][2]}
-    if fresh_budget is not None and "fresh_questions" in run_record:
-        row[EQUAL_FRESH] = at_fresh_questions(run_record, fresh_budget)
+    if budgets is not None:
+        row[EQUAL_TOKENS] = at_tokens(run_record["curve"], budgets.tokens)
+        if budgets.fresh_questions is not None and "fresh_questions" in run_record:
+            row[EQUAL_FRESH] = at_fresh_questions(run_record, budgets.fresh_questions)
     for (name, metric), column in MEASURES.items():
         row[column] = run_record["final"][name][metric]
     return row
-
-
-def fresh_question_budget(variants: dict) -> float | None:
-    """The fresh questions every run of a task reached that recorded them (None: none did)."""
-    runs = [r for variant_runs in variants.values() for r in variant_runs if "fresh_questions" in r]
-    reached = [r["fresh_questions"][-1][0] for r in runs]
-    return min(reached) if reached else None
 
 
 def summarise(runs: dict) -> dict:
@@ -126,11 +143,11 @@ def summarise(runs: dict) -> dict:
     GRPO `"vs_grpo"`: its difference from GRPO's at the same seeds, in points (None: no seed shared)."""
     summary: dict = {}
     for task, variants in runs.items():
-        budget = fresh_question_budget(variants)
-        grpo = {r["seed"]: figures(r, budget) for r in variants.get("GRPO", [])}
+        budgets = reading_budgets(variants)
+        grpo = {r["seed"]: figures(r, budgets) for r in variants.get("GRPO", [])}
         summary[task] = {}
         for name in (n for n in VARIANTS if n in variants):  # learning.py's order
-            rows = [figures(r, budget) for r in variants[name]]
+            rows = [figures(r, budgets) for r in variants[name]]
             seeds = [r["seed"] for r in variants[name]]
             summary[task][name] = {"seeds": len(rows)}
             # A column every run of the variant has (equal fresh questions: runs that recorded them).

@@ -1,5 +1,5 @@
-"""The yardstick benchmark's summary: the T = 1 curve read at equal fresh questions, for runs that recorded
-them, and a dash in the table for runs that did not."""
+"""The yardstick benchmark's summary: the T = 1 curve read at equal generated tokens, and at equal fresh
+questions for runs that recorded them, with a dash in the table for runs that did not."""
 
 import sys
 from pathlib import Path
@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from learning_yardstick import EQUAL_FRESH, MEASURES, summarise, table  # noqa: E402
+from learning_yardstick import EQUAL_FRESH, EQUAL_TOKENS, MEASURES, summarise, table  # noqa: E402
 
 
-def make_run(seed: int, final: float, fresh: list | None = None) -> dict:
+def make_run(seed: int, final: float, fresh: list | None = None, tokens: float = 100.0) -> dict:
     run = {
         "seed": seed,
-        "curve": [(0, 0.0, 0.3), (10, 100.0, final)],
+        "curve": [(0, 0.0, 0.3), (10, tokens, final)],
         "final": {"id": {}, "ood": {}},
     }
     for name, metric in MEASURES:
@@ -42,3 +42,13 @@ def test_runs_that_did_not_record_fresh_questions_show_a_dash():
     assert summary["reasoning"]["ExGRPO paper"][EQUAL_FRESH]["vs_grpo"] is None  # GRPO has none to pair
     grpo_row = next(line for line in table(summary).splitlines() if line.startswith("| GRPO"))
     assert grpo_row.endswith("| — |")
+
+
+def test_equal_tokens_read_each_curve_at_the_tokens_every_run_generated():
+    # Refill generated a quarter more than GRPO in as many steps: both are read at GRPO's 100 tokens.
+    runs = {"GRPO": [make_run(0, 0.50)], "recommended, refill": [make_run(0, 0.55, tokens=125.0)]}
+    rows = summarise({"reasoning": runs})["reasoning"]
+    assert rows["GRPO"][EQUAL_TOKENS]["mean"][0] == pytest.approx(0.50)
+    assert rows["recommended, refill"][EQUAL_TOKENS]["mean"][0] == pytest.approx(0.3 + 0.25 * 0.8)
+    assert rows["recommended, refill"][EQUAL_TOKENS]["vs_grpo"][0] == pytest.approx(0.0)
+    assert rows["recommended, refill"]["ours: val pass@1, T=1"]["vs_grpo"][0] == pytest.approx(5.0)
