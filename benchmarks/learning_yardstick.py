@@ -60,6 +60,7 @@ SAMPLES = 4  # k of avg@k: the paper's 32 for AIME/AMC, fewer here for 500-quest
 OOD_QUESTIONS = 500
 EQUAL_FRESH = "T=1 at equal fresh questions"
 EQUAL_TOKENS = "T=1 at equal generated tokens"
+TOKENS_VS_GRPO = "generated tokens, x GRPO"
 # Yardstick rows: (set, metric) -> its column name.
 MEASURES = {
     ("id", f"avg@{SAMPLES}"): f"ID avg@{SAMPLES}, T=0.6",
@@ -140,16 +141,24 @@ def figures(run_record: dict, budgets: Budgets | None = None) -> dict[str, float
 
 def summarise(runs: dict) -> dict:
     """Per task, variant and figure: `{"mean": (mean, half-width)}` over seeds, and for a preset other than
-    GRPO `"vs_grpo"`: its difference from GRPO's at the same seeds, in points (None: no seed shared)."""
+    GRPO `"vs_grpo"`: its difference from GRPO's at the same seeds, in points (None: no seed shared); and
+    `TOKENS_VS_GRPO`: the tokens it generated over GRPO's at the same seeds, a ratio (None: none shared)."""
     summary: dict = {}
     for task, variants in runs.items():
         budgets = reading_budgets(variants)
         grpo = {r["seed"]: figures(r, budgets) for r in variants.get("GRPO", [])}
+        grpo_tokens = {r["seed"]: r["curve"][-1][1] for r in variants.get("GRPO", [])}
         summary[task] = {}
         for name in (n for n in VARIANTS if n in variants):  # learning.py's order
             rows = [figures(r, budgets) for r in variants[name]]
             seeds = [r["seed"] for r in variants[name]]
             summary[task][name] = {"seeds": len(rows)}
+            generated = [
+                r["curve"][-1][1] / grpo_tokens[r["seed"]] for r in variants[name] if r["seed"] in grpo_tokens
+            ]
+            summary[task][name][TOKENS_VS_GRPO] = (
+                interval(generated) if generated and name != "GRPO" else None
+            )
             # A column every run of the variant has (equal fresh questions: runs that recorded them).
             for column in (c for c in rows[0] if all(c in row for row in rows)):
                 paired = [
@@ -169,13 +178,18 @@ def table(summary: dict) -> str:
     lines = []
     for task, variants in summary.items():
         columns = list(dict.fromkeys(c for row in variants.values() for c in row if c != "seeds"))
+        if TOKENS_VS_GRPO in columns:  # the cost, last
+            columns.append(columns.pop(columns.index(TOKENS_VS_GRPO)))
         lines += [f"\n{task}: mean ± 95% interval over seeds (vs GRPO, paired by seed, points)\n"]
         lines += ["| variant | seeds | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
         for name, row in variants.items():
             cells = []
             for column in columns:
-                if column not in row:  # runs made before the figure was recorded
+                if row.get(column) is None:  # runs made before the figure was recorded, or no GRPO to pair
                     cells.append("—")
+                    continue
+                if column == TOKENS_VS_GRPO:
+                    cells.append(f"{row[column][0]:.2f} ± {row[column][1]:.2f}")
                     continue
                 (mean, half), versus = row[column]["mean"], row[column]["vs_grpo"]
                 cells.append(

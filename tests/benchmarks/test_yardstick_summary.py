@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from learning_yardstick import EQUAL_FRESH, EQUAL_TOKENS, MEASURES, summarise, table  # noqa: E402
+from learning_yardstick import (  # noqa: E402
+    EQUAL_FRESH,
+    EQUAL_TOKENS,
+    MEASURES,
+    TOKENS_VS_GRPO,
+    summarise,
+    table,
+)
 
 
 def make_run(seed: int, final: float, fresh: list | None = None, tokens: float = 100.0) -> dict:
@@ -40,8 +47,10 @@ def test_runs_that_did_not_record_fresh_questions_show_a_dash():
     summary = summarise({"reasoning": runs})
     assert EQUAL_FRESH not in summary["reasoning"]["GRPO"]
     assert summary["reasoning"]["ExGRPO paper"][EQUAL_FRESH]["vs_grpo"] is None  # GRPO has none to pair
-    grpo_row = next(line for line in table(summary).splitlines() if line.startswith("| GRPO"))
-    assert grpo_row.endswith("| — |")
+    lines = table(summary).splitlines()
+    columns = next(line for line in lines if line.startswith("| variant")).split(" | ")
+    grpo_row = next(line for line in lines if line.startswith("| GRPO")).split(" | ")
+    assert grpo_row[columns.index(EQUAL_FRESH)] == "—"
 
 
 def test_equal_tokens_read_each_curve_at_the_tokens_every_run_generated():
@@ -52,3 +61,17 @@ def test_equal_tokens_read_each_curve_at_the_tokens_every_run_generated():
     assert rows["recommended, refill"][EQUAL_TOKENS]["mean"][0] == pytest.approx(0.3 + 0.25 * 0.8)
     assert rows["recommended, refill"][EQUAL_TOKENS]["vs_grpo"][0] == pytest.approx(0.0)
     assert rows["recommended, refill"]["ours: val pass@1, T=1"]["vs_grpo"][0] == pytest.approx(5.0)
+
+
+def test_the_table_gives_the_tokens_each_variant_generated_over_grpos_at_the_same_seeds():
+    runs = {
+        "GRPO": [make_run(0, 0.50), make_run(1, 0.50, tokens=200.0)],
+        "recommended, refill": [make_run(0, 0.55, tokens=120.0), make_run(1, 0.55, tokens=240.0)],
+    }
+    summary = summarise({"reasoning": runs})["reasoning"]
+    assert summary["recommended, refill"][TOKENS_VS_GRPO] == pytest.approx((1.2, 0.0))
+    assert summary["GRPO"][TOKENS_VS_GRPO] is None
+    lines = table({"reasoning": summary}).splitlines()
+    assert next(line for line in lines if line.startswith("| recommended, refill")).endswith(
+        "| 1.20 ± 0.00 |"
+    )
