@@ -107,6 +107,33 @@ def _per_fresh_question() -> str:
     )
 
 
+def _refill() -> str:
+    """H6's comparisons (benchmarks/hypotheses.py) and refill's generated tokens over GRPO's, as the README
+    states them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from hypotheses import HYPOTHESES, decide
+    from learning_yardstick import TOKENS_VS_GRPO
+
+    (h6,) = (h for h in decide(results("learning_yardstick.json")["runs"]) if h["name"] == "H6")
+    seeds = next(h.seeds for h in HYPOTHESES if h.name == "H6")
+    names = {"arithmetic": "arithmetic", "reasoning": "the reasoning task", "small_pool": "the small pool",
+             "weak_start": "the weak start"}  # fmt: skip
+    per_task = [
+        f"{t1[0]:+.1f} ± {t1[1]:.1f} and {t06[0]:+.1f} ± {t06[1]:.1f}" for row in h6["comparisons"]
+        for t1, t06 in [tuple(row["intervals"].values())]
+    ]  # fmt: skip
+    tasks = [names[row["task"]] for row in h6["comparisons"]]
+    first = f"{per_task[0]} points from GRPO on {tasks[0]} (at T = 1, and in distribution at T = 0.6)"
+    rest = [f"{figures} on {task}" for figures, task in zip(per_task[1:], tasks[1:])]
+    summary = results("learning_yardstick.json")["summary"]
+    ratios = [summary[row["task"]]["recommended, refill"][TOKENS_VS_GRPO][0] for row in h6["comparisons"]]
+    return (
+        f"over {seeds} paired seeds, with refill the recommended preset ends {first}, {', '.join(rest[:-1])} "
+        f"and {rest[-1]} (H6 {h6['verdict']}), generating {min(ratios):.2f}-{max(ratios):.2f} times GRPO's "
+        "tokens"
+    )
+
+
 # (the command that writes the results file, the README's text rendered from the file)
 FROM_RESULTS: list[tuple[str, Callable[[], str]]] = [
     ("python benchmarks/resume_exact.py", _resume_cases),
@@ -115,6 +142,7 @@ FROM_RESULTS: list[tuple[str, Callable[[], str]]] = [
     ("python benchmarks/learning.py --jobs 2 --tasks reasoning", _quickstart_seeds),
     ("python benchmarks/learning_yardstick.py --jobs 2 --tasks reasoning", _yardstick_headline),
     ("python benchmarks/hypotheses.py", _per_fresh_question),
+    ("python benchmarks/hypotheses.py", _refill),
 ]
 
 # (the command, a pattern of the sentence whose numbers it produces)
