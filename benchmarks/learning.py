@@ -131,12 +131,18 @@ VARIANTS = {
         None,
     ),  # fmt: skip
     # The fresh questions a mixed step displaces come back in the following steps instead of being dropped.
+    # (Deferring applies to displaced questions: the recommended preset's variant displaces, as it did.)
     "paper, deferred": ("exgrpo_paper", _changed(callback={"displaced_questions": "defer"}), None),
-    "recommended, deferred": ("exgrpo", _changed(callback={"displaced_questions": "defer"}), None),
-    # Experience that displaces no fresh question: joined to its own question's group, or in the places
-    # of groups whose K rewards are all equal (ReplayCallback's placement).
+    "recommended, deferred": (
+        "exgrpo",
+        _changed(callback={"placement": "displace", "displaced_questions": "defer"}),
+        None,
+    ),  # fmt: skip
+    # Where experience goes (ReplayCallback's placement): the recommended preset refills the places of groups
+    # whose K rewards are all equal; these put it in the places of fresh questions (the paper's mix, the
+    # recommended preset's placement until the learning page's H6), or join it to its own question's group.
+    "recommended, displace": ("exgrpo", _changed(callback={"placement": "displace"}), None),
     "recommended, join": ("exgrpo", _changed(callback={"placement": "join"}), None),
-    "recommended, refill": ("exgrpo", _changed(callback={"placement": "refill"}), None),
     # The paper's code skips a group with no correct rollout, so its question keeps its last bucket (the
     # paper preset's rule); "counted" is ours, the other presets'.
     "paper, all-wrong counted": ("exgrpo_paper", _changed(bucketer=_COUNTED), None),

@@ -202,10 +202,13 @@ def test_the_paper_preset_before_and_after_exact_train_on_as_many_batches(overla
 
 def test_the_placement_variants_are_the_recommended_preset_with_that_placement():
     recommended = replay_checks.options(learning._replay_callback(_built("ExGRPO recommended")))
-    assert recommended["placement"] == "displace"
-    for placement in ("join", "refill"):
+    assert recommended["placement"] == "refill"
+    for placement in ("join", "displace"):
         options = replay_checks.options(learning._replay_callback(_built(f"recommended, {placement}")))
         assert options == {**recommended, "placement": placement}
+    # Deferring needs displaced questions: the recommended preset's deferred variant displaces them.
+    deferred = replay_checks.options(learning._replay_callback(_built("recommended, deferred")))
+    assert deferred == {**recommended, "placement": "displace", "displaced_questions": "defer"}
 
 
 def test_fresh_questions_count_joined_ones_and_those_that_gave_way_but_not_displaced_or_refilled_ones():

@@ -55,23 +55,23 @@ def test_runs_that_did_not_record_fresh_questions_show_a_dash():
 
 def test_equal_tokens_read_each_curve_at_the_tokens_every_run_generated():
     # Refill generated a quarter more than GRPO in as many steps: both are read at GRPO's 100 tokens.
-    runs = {"GRPO": [make_run(0, 0.50)], "recommended, refill": [make_run(0, 0.55, tokens=125.0)]}
+    runs = {"GRPO": [make_run(0, 0.50)], "ExGRPO recommended": [make_run(0, 0.55, tokens=125.0)]}
     rows = summarise({"reasoning": runs})["reasoning"]
     assert rows["GRPO"][EQUAL_TOKENS]["mean"][0] == pytest.approx(0.50)
-    assert rows["recommended, refill"][EQUAL_TOKENS]["mean"][0] == pytest.approx(0.3 + 0.25 * 0.8)
-    assert rows["recommended, refill"][EQUAL_TOKENS]["vs_grpo"][0] == pytest.approx(0.0)
-    assert rows["recommended, refill"]["ours: val pass@1, T=1"]["vs_grpo"][0] == pytest.approx(5.0)
+    assert rows["ExGRPO recommended"][EQUAL_TOKENS]["mean"][0] == pytest.approx(0.3 + 0.25 * 0.8)
+    assert rows["ExGRPO recommended"][EQUAL_TOKENS]["vs_grpo"][0] == pytest.approx(0.0)
+    assert rows["ExGRPO recommended"]["ours: val pass@1, T=1"]["vs_grpo"][0] == pytest.approx(5.0)
 
 
 def test_the_table_gives_the_tokens_each_variant_generated_over_grpos_at_the_same_seeds():
     runs = {
         "GRPO": [make_run(0, 0.50), make_run(1, 0.50, tokens=200.0)],
-        "recommended, refill": [make_run(0, 0.55, tokens=120.0), make_run(1, 0.55, tokens=240.0)],
+        "ExGRPO recommended": [make_run(0, 0.55, tokens=120.0), make_run(1, 0.55, tokens=240.0)],
     }
     summary = summarise({"reasoning": runs})["reasoning"]
-    assert summary["recommended, refill"][TOKENS_VS_GRPO] == pytest.approx((1.2, 0.0))
+    assert summary["ExGRPO recommended"][TOKENS_VS_GRPO] == pytest.approx((1.2, 0.0))
     assert summary["GRPO"][TOKENS_VS_GRPO] is None
     lines = table({"reasoning": summary}).splitlines()
-    assert next(line for line in lines if line.startswith("| recommended, refill")).endswith(
+    assert next(line for line in lines if line.startswith("| ExGRPO recommended")).endswith(
         "| 1.20 ± 0.00 |"
     )
