@@ -64,7 +64,8 @@ HYPOTHESES = (
     ),
     Hypothesis(
         "H4",
-        "at equal fresh questions trained on, the paper preset (before exact) is at or above GRPO on each task",
+        "at equal fresh questions trained on, the paper preset (before exact) is at or above GRPO on each "
+        "task",
         "at or above", tuple((task, "paper, before exact", "GRPO") for task in TASKS), (EQUAL_FRESH,),
     ),
     Hypothesis(

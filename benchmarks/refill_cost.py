@@ -1,5 +1,5 @@
-"""What refill costs in generation: GRPO, the recommended preset (placement displace) and the recommended
-preset with `placement: refill`, side by side on one task and seed.
+"""What refill costs in generation: GRPO, the recommended preset with `placement: displace` (the paper's mix)
+and the recommended preset as shipped (`placement: refill`), side by side on one task and seed.
 
 Each variant trains `--steps` steps of its shipped preset (configs/grpo_baseline.yaml, configs/exgrpo.yaml)
 on the task of the learning benchmark (benchmarks/learning.py `task_overlay`), and records per step the
@@ -30,7 +30,12 @@ from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
 
 RESULTS = ROOT / "benchmarks" / "results"
-VARIANTS = {"GRPO": ("grpo_baseline", None), "recommended": ("exgrpo", None), "refill": ("exgrpo", "refill")}
+# name -> (preset, the ReplayCallback placement it is run with)
+VARIANTS = {
+    "GRPO": ("grpo_baseline", None),
+    "displace": ("exgrpo", "displace"),
+    "refill": ("exgrpo", "refill"),
+}
 
 
 class Meter(Callback):

@@ -102,8 +102,8 @@ def _per_fresh_question() -> str:
     found = {row["task"]: next(iter(row["intervals"].values())) for row in h7["comparisons"]}
     text = {task: f"{mean:+.1f} ± {half:.1f}" for task, (mean, half) in found.items()}
     return (
-        f"tested over {seeds} seeds, per fresh question the recommended preset ends {text['small_pool']} "
-        f"points from GRPO on the small pool and {text['arithmetic']} on arithmetic"
+        f"tested over {seeds} seeds, per fresh question the recommended preset with displace ends "
+        f"{text['small_pool']} points from GRPO on the small pool and {text['arithmetic']} on arithmetic"
     )
 
 
@@ -126,7 +126,7 @@ def _refill() -> str:
     first = f"{per_task[0]} points from GRPO on {tasks[0]} (at T = 1, and in distribution at T = 0.6)"
     rest = [f"{figures} on {task}" for figures, task in zip(per_task[1:], tasks[1:])]
     summary = results("learning_yardstick.json")["summary"]
-    ratios = [summary[row["task"]]["recommended, refill"][TOKENS_VS_GRPO][0] for row in h6["comparisons"]]
+    ratios = [summary[row["task"]]["ExGRPO recommended"][TOKENS_VS_GRPO][0] for row in h6["comparisons"]]
     return (
         f"over {seeds} paired seeds, with refill the recommended preset ends {first}, {', '.join(rest[:-1])} "
         f"and {rest[-1]} (H6 {h6['verdict']}), generating {min(ratios):.2f}-{max(ratios):.2f} times GRPO's "

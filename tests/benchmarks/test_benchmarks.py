@@ -256,7 +256,7 @@ def test_quickstart_speed_benchmark(bench):
 
 def test_refill_cost_benchmark(bench):
     result = json.loads((bench("refill_cost", "--steps", "3") / "refill_cost.json").read_text())
-    assert set(result) == {"GRPO", "recommended", "refill", "setup"}
+    assert set(result) == {"GRPO", "displace", "refill", "setup"}
     assert result["GRPO"]["tokens_vs_grpo"] == 1.0 and result["refill"]["tokens_per_step"] > 0
 
 

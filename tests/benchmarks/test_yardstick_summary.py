@@ -72,6 +72,4 @@ def test_the_table_gives_the_tokens_each_variant_generated_over_grpos_at_the_sam
     assert summary["ExGRPO recommended"][TOKENS_VS_GRPO] == pytest.approx((1.2, 0.0))
     assert summary["GRPO"][TOKENS_VS_GRPO] is None
     lines = table({"reasoning": summary}).splitlines()
-    assert next(line for line in lines if line.startswith("| ExGRPO recommended")).endswith(
-        "| 1.20 ± 0.00 |"
-    )
+    assert next(line for line in lines if line.startswith("| ExGRPO recommended")).endswith("| 1.20 ± 0.00 |")
