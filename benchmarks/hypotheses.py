@@ -96,6 +96,12 @@ HYPOTHESES = (
 )  # fmt: skip
 
 
+# Compared, not decided (no rule was written before their runs): (what, task, variant A, variant B)
+REPORTED = tuple(
+    ("the paper preset made exact", task, "ExGRPO paper", "paper, before exact") for task in TASKS
+)
+
+
 def paired(
     runs: dict, task: str, a: str, b: str, column: str, seeds: int = SEEDS
 ) -> tuple[float, float] | None:
@@ -180,10 +186,25 @@ def verdict_table(decided: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def reported_table(runs: dict) -> str:
+    """`REPORTED` as Markdown: A - B in points (95% interval) per deciding figure, and no verdict."""
+    lines = ["| compared | task | A vs B | A - B, points (95% interval) |", "|---|---|---|---|"]
+    for what, task, a, b in REPORTED:
+        found = [(column, paired(runs, task, a, b, column)) for column in DECIDING]
+        cells = "; ".join(
+            f"{column}: " + ("—" if value is None else f"{value[0]:+.1f} ± {value[1]:.1f}")
+            for column, value in found
+        )
+        lines.append(f"| {what} | {task} | {a} vs {b} | {cells} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     runs = json.loads((RESULTS / "learning_yardstick.json").read_text())["runs"]
     decided = decide(runs)
     print(verdict_table(decided))
+    print("\ncompared, not decided:\n")
+    print(reported_table(runs))
     print("\nthe recommended preset takes displaced_questions: defer:", recommended_takes_defer(decided))
 
 

@@ -8,10 +8,11 @@ S steps straight against a run stopped and then resumed with `--ckpt_path last` 
     end    stopped by max_steps at the first epoch's last step E; S = max(60, E + 4) (60 with the arithmetic
            configs' 56-step epochs, 613 with the reasoning task's 609: quickstart, quickstart_reasoning)
 
-Besides the shipped configs, variants of one with a ReplayCallback option changed (`VARIANTS`): exgrpo_defer
-is configs/exgrpo.yaml with `displaced_questions: defer`, whose training stream goes on across epochs;
-exgrpo_join and exgrpo_refill are it with `placement: join` (which joins from the second epoch on: its "end"
-case resumes there) and `placement: refill`.
+Besides the shipped configs, variants of one with a ReplayCallback option changed (`VARIANTS`): exgrpo_displace
+is configs/exgrpo.yaml (whose placement is refill) with `placement: displace`, the paper's; exgrpo_defer is
+that with `displaced_questions: defer`, whose training stream goes on across epochs; exgrpo_join is
+configs/exgrpo.yaml with `placement: join` (which joins from the second epoch on: its "end" case resumes
+there).
 
 A module of one's own (`OWN_MODULES`): own_module_kl_mix and own_module_kl_swap train the GRPO module of
 examples/own_module_kl.py (it samples inline with `generate(do_sample=True)`, from the global torch
@@ -30,7 +31,7 @@ the token counters) and the logged train/reward series, and prints the largest d
     python benchmarks/resume_exact.py --configs exgrpo_defer                         # the deferring variant
     python benchmarks/resume_exact.py --configs own_module_kl_mix own_module_kl_swap  # a module of one's own
     python benchmarks/resume_exact.py --configs exgrpo_join --cases end              # the placements
-    python benchmarks/resume_exact.py --configs exgrpo_refill --cases mid
+    python benchmarks/resume_exact.py --configs exgrpo_displace
 
 Writes benchmarks/results/resume_exact.json (merged with the cases already there).
 """
@@ -67,9 +68,9 @@ SHIPPED = sorted(
 )
 # A shipped config with ReplayCallback options changed: name -> (config, the options)
 VARIANTS = {
-    "exgrpo_defer": ("exgrpo", {"displaced_questions": "defer"}),
+    "exgrpo_defer": ("exgrpo", {"placement": "displace", "displaced_questions": "defer"}),
+    "exgrpo_displace": ("exgrpo", {"placement": "displace"}),
     "exgrpo_join": ("exgrpo", {"placement": "join"}),
-    "exgrpo_refill": ("exgrpo", {"placement": "refill"}),
 }
 # examples/own_module_kl.py's module through a Python Trainer: name -> the ReplayCallback's mode
 OWN_MODULES = {"own_module_kl_mix": "mix", "own_module_kl_swap": "swap"}

@@ -14,6 +14,7 @@ from hypotheses import (  # noqa: E402
     decide,
     paired,
     recommended_takes_defer,
+    reported_table,
     verdict,
 )
 from learning_yardstick import MEASURES  # noqa: E402
@@ -51,6 +52,22 @@ def test_paired_differences_are_in_points_by_seed():
     runs = runs_of("t", A=[0.50, 0.52, 0.54, 0.56, 0.58], B=[0.49, 0.51, 0.53, 0.55, 0.57])
     mean, half = paired(runs, "t", "A", "B", DECIDING[0])
     assert mean == pytest.approx(1.0) and half == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_reported_comparisons_print_paired_differences_without_a_verdict():
+    runs = {
+        task: {
+            "ExGRPO paper": [make_run(s, 0.40 + 0.01 * s) for s in range(SEEDS)],
+            "paper, before exact": [make_run(s, 0.42 + 0.01 * s) for s in range(SEEDS)],
+        }
+        for task in ("arithmetic", "reasoning")
+    }
+    lines = reported_table(runs).splitlines()
+    row = next(line for line in lines if "| arithmetic |" in line)
+    assert "ours: val pass@1, T=1: -2.0 ± 0.0; ID avg@4, T=0.6: -2.0 ± 0.0" in row
+    assert "holds" not in row and "fails" not in row
+    unmeasured = next(line for line in lines if "| small_pool |" in line)  # no runs: no figures
+    assert unmeasured.endswith("ours: val pass@1, T=1: —; ID avg@4, T=0.6: — |")
 
 
 def test_a_comparison_needs_every_seed():
