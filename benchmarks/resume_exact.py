@@ -8,6 +8,10 @@ S steps straight against a run stopped and then resumed with `--ckpt_path last` 
     end    stopped by max_steps at the first epoch's last step E; S = max(60, E + 4) (60 with the arithmetic
            configs' 56-step epochs, 613 with the reasoning task's 609: quickstart, quickstart_reasoning)
 
+A config whose module takes U optimizer updates per batch (`num_iterations * steps_per_generation`; the
+paper preset's U = 2) counts in updates, as Lightning does: the kill comes after step 50 U (S = 50 U + 10),
+the epoch's end is at U times its batches (S = E + 4 U), and every stop falls between two batches.
+
 Besides the shipped configs, variants of one with a ReplayCallback option changed (`VARIANTS`): exgrpo_displace
 is configs/exgrpo.yaml (whose placement is refill) with `placement: displace`, the paper's; exgrpo_defer is
 that with `displaced_questions: defer`, whose training stream goes on across epochs; exgrpo_join is
@@ -109,13 +113,25 @@ def describe(name: str, questions: int | None) -> str:
     return f"configs/{base}.yaml" + (f" with {changed}" if changed else "")
 
 
-def steps_per_epoch(path: Path) -> int:
+def batches_per_epoch(path: Path) -> int:
     """Training batches in one epoch of the config's data (its loader's length on one rank)."""
     data = dict(yaml.safe_load(path.read_text())["data"])
     synthetic = data.pop("synthetic", None)
     datamodule = PromptDataModule(synthetic=instantiate_class((), synthetic) if synthetic else None, **data)
     datamodule.setup("fit")
     return len(datamodule.train_dataloader())
+
+
+def case_steps(config: dict, batches: int, steps: int) -> tuple[dict[str, int], dict[str, int]]:
+    """Each case's stop (for "kill", the checkpoint it waits for; for "end", the epoch's length) and horizon, in
+    Lightning's steps: optimizer updates, U per batch (the exact paper preset takes 2), so that every stop
+    falls between two batches and the kill comes after the first validation's checkpoint."""
+    updates = config["model"].get("num_iterations", 1) * config["model"].get("steps_per_generation", 1)
+    epoch = batches * updates
+    kill_after = config["trainer"]["val_check_interval"] * updates
+    stops = {"mid": steps // 2 // updates * updates, "kill": kill_after, "end": epoch}
+    horizons = {"mid": steps, "kill": max(steps, kill_after + 10), "end": max(steps, epoch + 4 * updates)}
+    return stops, horizons
 
 
 def fit_args(path: Path, workdir: Path, steps: int, resume: bool) -> list[str]:
@@ -258,9 +274,8 @@ def run_config(name: str, cases: list[str], tmp: Path, steps: int, questions: in
     work = tmp / name
     work.mkdir()
     path = config_path(name, work, questions)
-    epoch = steps_per_epoch(path)
-    mid, kill_after = steps // 2, yaml.safe_load(path.read_text())["trainer"]["val_check_interval"]
-    horizons = {case: max(steps, epoch + 4) if case == "end" else steps for case in cases}
+    stops, horizons = case_steps(yaml.safe_load(path.read_text()), batches_per_epoch(path), steps)
+    horizons = {case: horizons[case] for case in cases}
     results = {}
     with ThreadPoolExecutor() as pool:
         straight = {h: pool.submit(fit_straight, path, work, h) for h in sorted(set(horizons.values()))}
@@ -268,16 +283,16 @@ def run_config(name: str, cases: list[str], tmp: Path, steps: int, questions: in
             horizon, split = horizons[case], work / case
             split.mkdir()
             if case == "kill":
-                stop = fit_killed(path, split, horizon, kill_after)
+                stop = fit_killed(path, split, horizon, stops["kill"])
             else:
-                stop = mid if case == "mid" else epoch
+                stop = stops[case]
                 fit(path, split, stop)
             fit(path, split, horizon, resume=True)
             results[f"{name}/{case}"] = r = {
                 "config": describe(name, questions),
                 "case": case,
                 "steps": horizon,
-                "steps_per_epoch": epoch,
+                "steps_per_epoch": stops["end"],
                 "resumed_from_step": stop,
                 **compare(straight[horizon].result(), versions(split)[-1]),
             }
