@@ -12,11 +12,11 @@ A config whose module takes U optimizer updates per batch (`num_iterations * ste
 paper preset's U = 2) counts in updates, as Lightning does: the kill comes after step 50 U (S = 50 U + 10),
 the epoch's end is at U times its batches (S = E + 4 U), and every stop falls between two batches.
 
-Besides the shipped configs, variants of one with a ReplayCallback option changed (`VARIANTS`): exgrpo_displace
-is configs/exgrpo.yaml (whose placement is refill) with `placement: displace`, the paper's; exgrpo_defer is
-that with `displaced_questions: defer`, whose training stream goes on across epochs; exgrpo_join is
-configs/exgrpo.yaml with `placement: join` (which joins from the second epoch on: its "end" case resumes
-there).
+Besides the shipped configs, variants of one with a ReplayCallback option changed (`VARIANTS`):
+exgrpo_displace is configs/exgrpo.yaml (whose placement is refill) with `placement: displace`, the paper's;
+exgrpo_defer is that with `displaced_questions: defer`, whose training stream goes on across epochs;
+exgrpo_join is configs/exgrpo.yaml with `placement: join` (which joins from the second epoch on: its "end"
+case resumes there).
 
 A module of one's own (`OWN_MODULES`): own_module_kl_mix and own_module_kl_swap train the GRPO module of
 examples/own_module_kl.py (it samples inline with `generate(do_sample=True)`, from the global torch
@@ -123,8 +123,8 @@ def batches_per_epoch(path: Path) -> int:
 
 
 def case_steps(config: dict, batches: int, steps: int) -> tuple[dict[str, int], dict[str, int]]:
-    """Each case's stop (for "kill", the checkpoint it waits for; for "end", the epoch's length) and horizon, in
-    Lightning's steps: optimizer updates, U per batch (the exact paper preset takes 2), so that every stop
+    """Each case's stop (for "kill", the checkpoint it waits for; for "end", the epoch's length) and horizon,
+    in Lightning's steps: optimizer updates, U per batch (the exact paper preset takes 2), so that every stop
     falls between two batches and the kill comes after the first validation's checkpoint."""
     updates = config["model"].get("num_iterations", 1) * config["model"].get("steps_per_generation", 1)
     epoch = batches * updates
