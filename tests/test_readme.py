@@ -149,6 +149,26 @@ def _refill() -> str:
     )
 
 
+def _join() -> str:
+    """H5's comparison (benchmarks/hypotheses.py) and join's replays, as the README states them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from hypotheses import HYPOTHESES, decide
+
+    (h5,) = (h for h in decide(results("learning_yardstick.json")["runs"]) if h["name"] == "H5")
+    seeds = next(h.seeds for h in HYPOTHESES if h.name == "H5")
+    (row,) = h5["comparisons"]
+    (t1, t06), runs = row["intervals"].values(), results("learning_yardstick.json")["runs"][row["task"]]
+    replays = [
+        statistics.mean(r["diagnostics"]["replays"] for r in runs[variant])
+        for variant in (row["a"], "ExGRPO recommended")
+    ]
+    return (
+        f"over {seeds} paired seeds on the small pool, with join the recommended preset ends {t1[0]:+.1f} ± "
+        f"{t1[1]:.1f} and {t06[0]:+.1f} ± {t06[1]:.1f} points from GRPO (H5 {h5['verdict']}), replaying "
+        f"{replays[0]:,.0f} trajectories a run where refill replays {replays[1]:,.0f}"
+    )
+
+
 # (the command that writes the results file, the README's text rendered from the file)
 FROM_RESULTS: list[tuple[str, Callable[[], str]]] = [
     ("python benchmarks/resume_exact.py", _resume_cases),
@@ -158,6 +178,7 @@ FROM_RESULTS: list[tuple[str, Callable[[], str]]] = [
     ("python benchmarks/learning_yardstick.py --jobs 2 --tasks reasoning", _yardstick_headline),
     ("python benchmarks/hypotheses.py", _per_fresh_question),
     ("python benchmarks/hypotheses.py", _refill),
+    ("python benchmarks/hypotheses.py", _join),
     ("python benchmarks/hypotheses.py", _exact_paper),
 ]
 
