@@ -30,6 +30,7 @@ from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.callbacks.heatmap import draw_heatmap, heatmap_counts
 from exgrpo_pl.callbacks.replay import ReplayCallback
 from exgrpo_pl.experience.difficulty import tier_of
+from exgrpo_pl.lightning_internals import batches_that_stepped
 from exgrpo_pl.validation import check_number
 
 HEATMAP_TAG = "monitor/difficulty_entropy_heatmap"
@@ -44,13 +45,17 @@ _MAX_CELL_CHARS = 300  # completion-table cells are cut to this many characters
 class DifficultyMonitor(Callback):
     """Logs what the replay buffer holds: how hard its questions are, how sure and how old its trajectories.
 
-    Every `log_every_n_steps` optimizer steps it logs, pooled over all ranks (every rank gathers, global
-    rank 0 writes, at step `trainer.global_step`):
+    Every `log_every_n_steps` training batches it logs, pooled over all ranks (every rank gathers, global
+    rank 0 writes), at step n after the run's n-th batch: the loggers' axis, on which the module's `train/*`
+    metrics of that batch sit one step earlier. With one optimizer update a batch n is `trainer.global_step`;
+    with several (`steps_per_generation`, `num_iterations`) `global_step` counts the updates, and charts on
+    it would run ahead of every other.
 
     - histograms `monitor/correctness_rate` (windowed correctness rate of every known question, retired ones
       included), `monitor/entropy` (mean token entropy of each buffered trajectory at collection),
-      `monitor/staleness` (`global_step - policy_version` of each buffered trajectory) and, with more than one
-      domain, `monitor/correctness_rate/<domain>` (the domain's non-retired questions);
+      `monitor/staleness` (`global_step - policy_version` of each buffered trajectory, in optimizer
+      updates) and, with more than one domain, `monitor/correctness_rate/<domain>` (the domain's
+      non-retired questions);
     - scalars `monitor/tier_{i}` (known questions per difficulty tier), `monitor/entropy_p{p}` (the `p`-th
       percentile of the pooled entropies, for each of the buffer's `entropy_percentiles`: the edges of the
       entropy bands that selection reads), `monitor/retired` (distinct retired questions) and
@@ -70,9 +75,9 @@ class DifficultyMonitor(Callback):
     averaged), but may count once per rank in the per-domain histograms.
 
     Args:
-        log_every_n_steps: optimizer steps between two rounds of buffer statistics, >= 1.
+        log_every_n_steps: training batches between two rounds of buffer statistics, >= 1.
         num_tiers: number of equal-width correctness-rate tiers for `monitor/tier_{i}` and the heatmap, >= 1.
-        completion_table_every_n_steps: optimizer steps between two completion tables; 0 disables them.
+        completion_table_every_n_steps: training batches between two completion tables; 0 disables them.
         completion_samples: rows per completion table, >= 1.
     """
 
@@ -132,9 +137,9 @@ class DifficultyMonitor(Callback):
             self._latest = outputs["rollouts"]
         if not trainer.loggers:
             return
-        # global_step is the same on every rank, so every rank enters the collective below together; the
+        # The batch count is the same on every rank, so every rank enters the collective below together; the
         # last-step guards keep gradient-accumulation micro-batches from logging one step twice.
-        step = trainer.global_step
+        step = batches_that_stepped(trainer) + 1
         if self._replay is not None and step % self.log_every_n_steps == 0 and step != self._last_stats_step:
             self._last_stats_step = step
             self._log_statistics(trainer, step)
@@ -162,7 +167,7 @@ class DifficultyMonitor(Callback):
             "retired": sorted(bucketer.retired),
             "entropy": buffer.entropies().numpy(),
             "trajectory_rates": buffer.rates().numpy(),
-            "staleness": buffer.staleness(step).numpy(),
+            "staleness": buffer.staleness(trainer.global_step).numpy(),
         }
         parts = _gather(local)
         if not trainer.is_global_zero:

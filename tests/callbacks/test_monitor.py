@@ -33,7 +33,7 @@ def callbacks(with_replay=True):
     return [ReplayCallback(replay=replay, min_buffer_size=1), monitor]
 
 
-def fit(tmp_path, model_dir, logger, extra=(), num_generations=4, with_replay=True, **trainer_kwargs):
+def fit(tmp_path, model_dir, logger, extra=(), with_replay=True, module_options=None, **trainer_kwargs):
     seed_everything(0)
     trainer = Trainer(
         max_epochs=2,
@@ -49,7 +49,7 @@ def fit(tmp_path, model_dir, logger, extra=(), num_generations=4, with_replay=Tr
         **trainer_kwargs,
     )
     data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
-    trainer.fit(tiny_module(model_dir, num_generations=num_generations), data)
+    trainer.fit(tiny_module(model_dir, **(module_options or {})), data)
     return trainer
 
 
@@ -58,6 +58,18 @@ def read_events(path):
     events = EventAccumulator(str(path), size_guidance=sizes)
     events.Reload()
     return events
+
+
+def test_with_two_updates_a_batch_the_monitor_logs_on_the_batch_axis(tmp_path, tiny_model_dir):
+    options = {"num_iterations": 2}  # two optimizer updates a batch, as with steps_per_generation=2
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    trainer = fit(tmp_path, tiny_model_dir, logger, module_options=options, log_every_n_steps=1)
+    events = read_events(trainer.logger.log_dir)
+    assert trainer.global_step == 8  # 4 batches, 2 optimizer updates each
+    assert [i.step for i in events.Images("monitor/difficulty_entropy_heatmap")] == [1, 2, 3, 4]
+    assert events.Scalars("monitor/buffer_size")[-1].step == 4
+    # the module's metrics of the n-th batch sit at step n - 1 (Lightning's count of batches before it)
+    assert [e.step for e in events.Scalars("train/reward")] == [0, 1, 2, 3]
 
 
 def test_tensorboard_gets_histograms_heatmap_completions_and_tier_counts(tmp_path, tiny_model_dir):
@@ -155,7 +167,7 @@ def test_ddp_pools_all_ranks_and_only_rank_zero_writes(tmp_path, tiny_model_dir)
         tiny_model_dir,
         TensorBoardLogger(tmp_path, name="tb"),
         extra=[RecordBufferSize(tmp_path)],
-        num_generations=2,
+        module_options={"num_generations": 2},
         strategy="ddp_fork",
         devices=2,
     )
