@@ -97,42 +97,83 @@ def _without_replay(cli) -> None:
 
 _BUFFER_ONLY = {"retire_from": "buffer"}
 _KEEP_LAST, _COUNTED = {"all_wrong_groups": "keep_last"}, {"all_wrong_groups": "count"}
-_BEFORE_EXACT = {
-    "loss_type": "dapo",
-    "entropy_coef": 0.001,
-    "steps_per_generation": 1,
-    "clip_after_replay_starts": True,
-}
+# The paper preset before it took the official code's loss normaliser, entropy weight, two updates per batch,
+# clipping schedule and rule for all-wrong groups (configs/exgrpo_paper.yaml says what each is).
+_AS_BEFORE_EXACT = _changed(
+    module={
+        "loss_type": "dapo",
+        "entropy_coef": 0.001,
+        "steps_per_generation": 1,
+        "clip_after_replay_starts": True,
+    },
+    bucketer=_COUNTED,
+)
+
+
+def _before_exact(change):
+    """`change` applied to the paper preset as it was before it was made exact. Its ablations and other
+    variants were measured on that preset, so they are built on it and compared with it ("vs full method":
+    "paper, before exact", not the exact preset)."""
+
+    def apply(cli) -> None:
+        _AS_BEFORE_EXACT(cli)
+        change(cli)
+
+    apply.full_method = "paper, before exact"
+    return apply
+
 
 # name -> (preset, change applied to the built CLI objects, the variant's average accuracy in the paper's
-# ablation study, arXiv 2510.02245; None: not one of its variants)
+# ablation study, arXiv 2510.02245; None: not one of its variants). The paper's ablations are built on the
+# paper preset as it was before it was made exact, on which they were measured (`_before_exact`).
 VARIANTS = {
     "GRPO": ("grpo_baseline", None, 45.3),
     "ExGRPO paper": ("exgrpo_paper", None, 48.3),
     "ExGRPO seed": ("exgrpo_seed", None, None),
     "ExGRPO recommended": ("exgrpo", None, None),
-    "no question selection": ("exgrpo_paper", _changed(replay={"question_sampling": "uniform"}), 46.7),
-    "no trajectory selection": ("exgrpo_paper", _changed(replay={"trajectory_selection": "random"}), 46.3),
-    "highest entropy": ("exgrpo_paper", _changed(replay={"trajectory_selection": "highest_entropy"}), 46.0),
-    "no policy shaping": ("exgrpo_paper", _changed(module={"off_policy_correction": "none"}), 41.2),
-    "rho 0.25": ("exgrpo_paper", _changed(callback={"mix_fraction": 0.25}), 46.4),
-    "rho 0.75": ("exgrpo_paper", _changed(callback={"mix_fraction": 0.75}), 44.8),
-    "paper preset, no replay": ("exgrpo_paper", _without_replay, None),
-    # The paper preset before it took the official code's loss normaliser, entropy weight, two updates per
-    # batch, clipping schedule and rule for all-wrong groups (configs/exgrpo_paper.yaml says what each is):
-    # the rows measured before.
-    "paper, before exact": ("exgrpo_paper", _changed(module=_BEFORE_EXACT, bucketer=_COUNTED), None),
+    "no question selection": (
+        "exgrpo_paper",
+        _before_exact(_changed(replay={"question_sampling": "uniform"})),
+        46.7,
+    ),
+    "no trajectory selection": (
+        "exgrpo_paper",
+        _before_exact(_changed(replay={"trajectory_selection": "random"})),
+        46.3,
+    ),
+    "highest entropy": (
+        "exgrpo_paper",
+        _before_exact(_changed(replay={"trajectory_selection": "highest_entropy"})),
+        46.0,
+    ),
+    "no policy shaping": (
+        "exgrpo_paper",
+        _before_exact(_changed(module={"off_policy_correction": "none"})),
+        41.2,
+    ),
+    "rho 0.25": ("exgrpo_paper", _before_exact(_changed(callback={"mix_fraction": 0.25})), 46.4),
+    "rho 0.75": ("exgrpo_paper", _before_exact(_changed(callback={"mix_fraction": 0.75})), 44.8),
+    "paper preset, no replay": ("exgrpo_paper", _before_exact(_without_replay), None),
+    "paper, before exact": ("exgrpo_paper", _AS_BEFORE_EXACT, None),
     # Not the paper's: what a solved question leaves, and replay demand bounded by the medium supply.
-    "paper, retire from buffer": ("exgrpo_paper", _changed(bucketer=_BUFFER_ONLY), None),
-    "paper, bounded demand": ("exgrpo_paper", _changed(callback={"bounded_demand": True}), None),
+    "paper, retire from buffer": ("exgrpo_paper", _before_exact(_changed(bucketer=_BUFFER_ONLY)), None),
+    "paper, bounded demand": (
+        "exgrpo_paper",
+        _before_exact(_changed(callback={"bounded_demand": True})),
+        None,
+    ),
     "paper, retire from buffer, bounded demand": (
         "exgrpo_paper",
-        _changed(bucketer=_BUFFER_ONLY, callback={"bounded_demand": True}),
+        _before_exact(_changed(bucketer=_BUFFER_ONLY, callback={"bounded_demand": True})),
         None,
     ),  # fmt: skip
     # The fresh questions a mixed step displaces come back in the following steps instead of being dropped.
     # (Deferring applies to displaced questions: the recommended preset's variant displaces, as it did.)
-    "paper, deferred": ("exgrpo_paper", _changed(callback={"displaced_questions": "defer"}), None),
+    "paper, deferred": (
+        "exgrpo_paper",
+        _before_exact(_changed(callback={"displaced_questions": "defer"})),
+        None,
+    ),
     "recommended, deferred": (
         "exgrpo",
         _changed(callback={"placement": "displace", "displaced_questions": "defer"}),
@@ -154,7 +195,7 @@ VARIANTS = {
         None,
     ),  # fmt: skip
 }
-# The full method each preset's variants are compared with.
+# The full method each preset's variants are compared with, unless a variant's change names its own.
 FULL_METHOD = {"exgrpo_paper": "ExGRPO paper", "exgrpo_seed": "ExGRPO seed", "exgrpo": "ExGRPO recommended"}
 PAPER_GRPO, PAPER_FULL = VARIANTS["GRPO"][2], VARIANTS["ExGRPO paper"][2]
 PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed", "ExGRPO recommended")
@@ -420,7 +461,7 @@ def summarise(results: dict) -> dict:
         for name in sorted(variants, key=list(VARIANTS).index):  # the tables' and plots' order
             runs = variants[name]
             preset, change, _ = VARIANTS[name]
-            full = FULL_METHOD.get(preset) if change is not None else None
+            full = getattr(change, "full_method", FULL_METHOD.get(preset)) if change is not None else None
             out[task]["variants"][name] = {
                 "seeds": len(runs),
                 "start": interval([r["curve"][0][2] for r in runs]),
