@@ -113,7 +113,11 @@ def _exact_paper() -> str:
     from hypotheses import DECIDING, REPORTED, paired
 
     runs = results("learning_yardstick.json")["runs"]
-    found = {task: paired(runs, task, a, b, DECIDING[0]) for _, task, a, b in REPORTED}
+    found = {
+        task: paired(runs, task, a, b, DECIDING[0])
+        for what, task, a, b in REPORTED
+        if what == "the paper preset made exact"
+    }
     text = {task: f"{mean:+.1f} ± {half:.1f}" for task, (mean, half) in found.items()}
     return (
         f"it ends {text['reasoning']} points from the preset before at T = 1 on the reasoning task, "
