@@ -199,6 +199,7 @@ VARIANTS = {
 FULL_METHOD = {"exgrpo_paper": "ExGRPO paper", "exgrpo_seed": "ExGRPO seed", "exgrpo": "ExGRPO recommended"}
 PAPER_GRPO, PAPER_FULL = VARIANTS["GRPO"][2], VARIANTS["ExGRPO paper"][2]
 PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed", "ExGRPO recommended")
+DIAGNOSED = ("ExGRPO paper", "ExGRPO seed")  # the presets whose replays the diagnostics plots draw
 TASKS = ("arithmetic", "reasoning", "small_pool", "weak_start")
 # Steps of a --quick run per task (full runs take the task's own max_steps).
 QUICK_STEPS = {"arithmetic": 100, "reasoning": 80, "small_pool": 80, "weak_start": 80}
@@ -582,12 +583,13 @@ def presets_table(summary: dict) -> str:
 
 def _without_replay_records(results: dict) -> dict:
     """The runs to save: the step-by-step record of what was replayed (most of the file's size) is kept
-    only for each variant's lowest seed, the run the diagnostics plot draws; every run keeps its summary."""
+    only for the runs the diagnostics plot draws, the lowest seed of each of its presets; every run keeps its
+    summary."""
     saved: dict = {}
     for task, variants in results.items():
         saved[task] = {}
         for name, runs in variants.items():
-            first = _lowest_seed(runs)
+            first = _lowest_seed(runs) if name in DIAGNOSED else None
             saved[task][name] = [
                 run if run is first or "replayed" not in run["diagnostics"]
                 else {**run, "diagnostics": {k: v for k, v in run["diagnostics"].items() if k != "replayed"}}
@@ -680,7 +682,7 @@ def plot_headline(results: dict, path: Path) -> bool:
 def _plot_diagnostics(runs_by_variant: dict, path: Path, task: str) -> None:
     """For the replaying presets (first seed): buckets over time, families replayed, replays per question."""
     plt = _pyplot()
-    shown = [n for n in ("ExGRPO paper", "ExGRPO seed") if n in runs_by_variant]
+    shown = [n for n in DIAGNOSED if n in runs_by_variant]
     if not shown:
         return
     # 11 inches at 100 dpi: shown about 900 px wide in the docs' column, the 8-10 pt text stays about 9-11 px.

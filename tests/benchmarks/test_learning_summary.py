@@ -124,6 +124,19 @@ def test_the_no_replay_variant_is_the_paper_presets_module_before_exact_without_
     assert cli.model.hparams.loss_type == "dapo" and cli.model.updates_per_batch == 1
 
 
+def test_only_the_runs_the_diagnostics_plots_draw_keep_their_record_of_replays():
+    def recorded(seed: int) -> dict:
+        run = make_run(seed, 0.5, 4)
+        run["diagnostics"]["replayed"] = [(1, 7, ["add"])]
+        return run
+
+    runs = {"ExGRPO paper": [recorded(1), recorded(0)], "rho 0.25": [recorded(0)]}
+    saved = learning._without_replay_records({"reasoning": runs})["reasoning"]
+    kept = {(name, r["seed"]) for name, rs in saved.items() for r in rs if "replayed" in r["diagnostics"]}
+    assert kept == {("ExGRPO paper", 0)}
+    assert all(r["diagnostics"]["replays"] == 4 for rs in saved.values() for r in rs)  # summaries stay
+
+
 def test_completion_lengths_are_summarised_only_when_every_run_recorded_them():
     runs = [make_run(0, 0.5, 10), make_run(1, 0.6, 10)]
     runs[0]["diagnostics"]["completion_tokens"] = {"replayed": 3.0, "fresh_correct": 2.0}
