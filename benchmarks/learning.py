@@ -199,6 +199,9 @@ VARIANTS = {
 FULL_METHOD = {"exgrpo_paper": "ExGRPO paper", "exgrpo_seed": "ExGRPO seed", "exgrpo": "ExGRPO recommended"}
 PAPER_GRPO, PAPER_FULL = VARIANTS["GRPO"][2], VARIANTS["ExGRPO paper"][2]
 PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed", "ExGRPO recommended")
+# The curves' x axis: batches trained on, which are optimizer steps for a preset that takes one update a batch
+# (the exact paper preset takes two).
+BATCHES_AXIS = "batches (optimizer steps at one update a batch)"
 DIAGNOSED = ("ExGRPO paper", "ExGRPO seed")  # the presets whose replays the diagnostics plots draw
 TASKS = ("arithmetic", "reasoning", "small_pool", "weak_start")
 # Steps of a --quick run per task (full runs take the task's own max_steps).
@@ -632,7 +635,7 @@ def _plot_curves(runs_by_variant: dict, summary: dict, path: Path, task: str) ->
             if name in PRESETS and len(runs) > 1:
                 half = [interval(list(curves[:, i, 2]))[1] for i in range(points)]
                 ax.fill_between(xs, mean - half, mean + half, color=line.get_color(), alpha=0.15)
-    axes[0].set_xlabel("optimizer steps")
+    axes[0].set_xlabel(BATCHES_AXIS)
     axes[1].set_xlabel("generated tokens (thousands)")
     axes[1].axvline(summary["token_budget"] / 1000, color="grey", linewidth=0.8, linestyle="--")
     axes[0].set_ylabel("val pass@1 (mean over seeds; band: 95% interval)")
@@ -669,7 +672,7 @@ def plot_headline(results: dict, path: Path) -> bool:
             ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.15)
         title = {"reasoning": "reasoning task (one pass)", "small_pool": "small pool (about 10 passes)"}
         ax.set_title(title.get(task, task), fontsize=10)
-        ax.set_xlabel("optimizer steps")
+        ax.set_xlabel(BATCHES_AXIS)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("val pass@1 (band: 95% interval)")
     axes[-1].legend(fontsize=8, loc="lower right")

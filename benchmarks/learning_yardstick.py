@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 from learning import (
+    BATCHES_AXIS,
     PRESETS,
     RESULTS,
     ROOT,
@@ -200,7 +201,7 @@ def table(summary: dict) -> str:
 
 
 def plot_curves(runs: dict, path: Path) -> None:
-    """Per task, the T = 1 validation curves (mean over seeds, band: 95% interval) against optimizer steps and
+    """Per task, the T = 1 validation curves (mean over seeds, band: 95% interval) against batches and
     against fresh questions trained on (runs that recorded them), one PNG."""
     plt = _pyplot()
     fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.6 * len(runs)), squeeze=False, sharey="row")
@@ -211,7 +212,7 @@ def plot_curves(runs: dict, path: Path) -> None:
             values = np.array([[p[2] for p in r["curve"][:points]] for r in curves])  # [seeds, points]
             mean = values.mean(0)
             half = np.array([interval(list(values[:, i]))[1] for i in range(points)])
-            axis_values = [("optimizer steps", [[p[0] for p in r["curve"][:points]] for r in curves])]
+            axis_values = [(BATCHES_AXIS, [[p[0] for p in r["curve"][:points]] for r in curves])]
             if all("fresh_questions" in r for r in curves):
                 trained = [[p[0] for p in r["fresh_questions"][:points]] for r in curves]
                 axis_values.append(("fresh questions trained on", trained))
