@@ -14,7 +14,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from exgrpo_pl.checkpoints.export import export_policy
+from exgrpo_pl.checkpoints.export import check_replaceable, export_policy
 from exgrpo_pl.checkpoints.saving import SafeModelCheckpoint
 
 
@@ -41,6 +41,8 @@ class ExportPolicy(Callback):
                 "when training ends, and the trainer has none: add exgrpo_pl.checkpoints.SafeModelCheckpoint "
                 "to its callbacks (`exgrpo fit` adds one unless checkpointing is off or another one is set)"
             )
+        if stage == "fit":
+            check_replaceable(self.dirpath)  # a folder of other files is refused now, not after training
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

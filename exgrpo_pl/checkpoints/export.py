@@ -2,6 +2,7 @@
 
     exgrpo export --ckpt_path runs/lightning_logs/version_0/checkpoints/last.ckpt --out runs/policy
     exgrpo export --ckpt_path last.ckpt --out runs/policy-merged --merge_lora true   # a LoRA run, merged
+    exgrpo export --ckpt_path last --root runs --out runs/policy   # the newest intact checkpoint of a run
 
 `export_policy` reads a Lightning checkpoint file or a DeepSpeed ZeRO-2/3 checkpoint folder (consolidated in
 memory with DeepSpeed's `zero_to_fp32`, as `lightning.pytorch.utilities.deepspeed` does), takes the module's
@@ -11,12 +12,17 @@ safetensors with their `config.json`, the tokenizer, and a `generation_config.js
 the run's stop tokens (`exgrpo_pl.models.completion_stop_ids`). A LoRA run gives the adapter as PEFT saves it
 (`adapter_config.json`, `adapter_model.safetensors`, naming its base model), or with `merge_lora` the base
 model with the adapter merged in. The folder is written under a temp name and renamed into place, so a kill
-leaves no half-written model behind.
+leaves no half-written model behind; its files get the umask's modes (safetensors writes 0600), and it lists
+them in `MANIFEST`, which is what lets a later `overwrite` replace it: a folder holding anything an export
+did not write (a run's checkpoints, logs, a file of the user's) is never deleted.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import glob
+import json
 import os
 import shutil
 from pathlib import Path
@@ -25,14 +31,21 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-from exgrpo_pl.checkpoints.atomic_writes import remove_stale_temp_files, temp_path
-from exgrpo_pl.checkpoints.integrity import check_loadable
+from exgrpo_pl.checkpoints.atomic_writes import (
+    raise_if_out_of_space,
+    remove_stale_temp_files,
+    temp_path,
+    tensor_bytes,
+)
+from exgrpo_pl.checkpoints.integrity import check_loadable, newest_complete_checkpoint
 from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO
 from exgrpo_pl.models import DTYPES, completion_stop_ids, load_tokenizer, lora_config, resolve_model_path
 
 POLICY_PREFIX = "policy."
 # Lightning before 2.1 saved DeepSpeed's weights under its wrapper's attribute (its converter strips it too).
 _WRAPPER_PREFIX = "_forward_module."
+# Written last into every export: the checkpoint it came from and the files it wrote, itself excluded.
+MANIFEST = "exgrpo_export.json"
 
 
 def read_checkpoint(ckpt_path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -87,21 +100,24 @@ def export_policy(
         out: the folder to write; it must not exist unless `overwrite`.
         merge_lora: for a LoRA run, merge the adapter into the base weights and write the whole model,
             instead of the adapter alone.
-        overwrite: replace an existing `out` (the new folder is complete before the old one goes).
+        overwrite: replace an existing `out` that an earlier export wrote (the new folder is complete before
+            the old one goes); a folder holding anything else is refused (`check_replaceable`).
 
     Returns:
         The folder written.
 
     Raises:
-        FileExistsError: `out` exists and `overwrite` is False.
+        FileExistsError: `out` exists and `overwrite` is False, or it holds what no export wrote.
         ValueError: the checkpoint is not an `ExGRPOModule`'s (no `model_name_or_path` or no `policy.*`
             weights), or its weights do not fit the model its options name (naming the keys).
+        OutOfSpaceError: the disk filled up, naming the file (`out` is as it was).
     """
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(
             f"out={out}: already exists; choose another folder, or overwrite it (--overwrite)"
         )
+    check_replaceable(out)
     state_dict, hparams = read_checkpoint(ckpt_path)
     policy = build_policy(state_dict, hparams, ckpt_path, merge_lora)
     name = hparams["model_name_or_path"]
@@ -117,14 +133,84 @@ def export_policy(
     remove_stale_temp_files(str(out.parent))
     temp = Path(temp_path(str(out)))
     try:
-        policy.save_pretrained(temp)  # a PEFT model saves its adapter alone
-        tokenizer.save_pretrained(temp)
-        generation.save_pretrained(temp)
+        try:
+            policy.save_pretrained(temp)  # a PEFT model saves its adapter alone
+            tokenizer.save_pretrained(temp)
+            generation.save_pretrained(temp)
+            _write_manifest(temp, ckpt_path)
+        except Exception as err:
+            _raise_if_out_of_space(err, temp, out, tensor_bytes(state_dict))
+            raise
+        check_replaceable(out)  # again: the export took a while, and a run may have started writing there
         _replace(temp, out)
     finally:
         if temp.exists():
             shutil.rmtree(temp)
     return out
+
+
+def check_replaceable(out: str | os.PathLike) -> None:
+    """Raises unless `out` may be replaced by an export: missing, an empty folder, or a folder an earlier
+    export wrote (its `MANIFEST` lists every file in it).
+
+    Args:
+        out: the export's folder.
+
+    Raises:
+        FileExistsError: naming `out` and what in it no export wrote (a run's checkpoints, its logs).
+    """
+    out = Path(out)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(
+            f"out={out}: a file, not a folder an export wrote; --overwrite replaces only those"
+        )
+    present = sorted(str(p.relative_to(out)) for p in out.rglob("*") if not p.is_dir())
+    try:
+        written = set(json.loads((out / MANIFEST).read_text())["files"]) | {MANIFEST}
+    except (OSError, ValueError, KeyError, TypeError):
+        written = set()
+    foreign = [name for name in present if name not in written]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise FileExistsError(
+            f"out={out}: holds what no export wrote ({shown}); --overwrite replaces only a folder an earlier "
+            f"export wrote (listed in its {MANIFEST}), never a run or other files: choose another folder"
+        )
+
+
+def _write_manifest(folder: Path, ckpt_path) -> None:
+    """Lists the files of the finished export in `folder` (`MANIFEST`) and gives every file the mode the
+    umask gives a new file: safetensors writes its files 0600, which a server running as another user
+    cannot read."""
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    (folder / MANIFEST).write_text(json.dumps({"ckpt_path": str(ckpt_path), "files": files}, indent=1) + "\n")
+    mode = 0o666 & ~_umask()
+    for name in [*files, MANIFEST]:
+        os.chmod(folder / name, mode)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading it means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _raise_if_out_of_space(err: BaseException, temp: Path, out: Path, needed_bytes: int) -> None:
+    """`OutOfSpaceError` naming the file being written (the newest in the temp folder) when `err` says the
+    disk is full: safetensors raises its own `SafetensorError`, with the OS's message in its text."""
+    if not isinstance(err, OSError) and ("No space left on device" in str(err) or "StorageFull" in str(err)):
+        full = OSError(errno.ENOSPC, "No space left on device")
+        full.__cause__ = err
+        err = full
+    written = [p for p in temp.rglob("*") if p.is_file()] if temp.exists() else []
+    newest = max(written, key=lambda p: p.stat().st_mtime_ns) if written else temp
+    kept = (
+        f"Nothing was exported: {out} is as it was (an export is written under this temp name, renamed to "
+        "--out once complete; the temp folder is deleted). Free some space, or export elsewhere (--out)."
+    )
+    raise_if_out_of_space(err, str(newest), needed_bytes, kept)
 
 
 def build_policy(state_dict: dict[str, torch.Tensor], hparams: dict[str, Any], ckpt_path, merge_lora: bool):
@@ -187,7 +273,12 @@ def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="exgrpo export", description="Write a checkpoint's policy as a Hugging Face model folder."
     )
-    parser.add_argument("--ckpt_path", required=True, help="a checkpoint file or DeepSpeed checkpoint folder")
+    parser.add_argument(
+        "--ckpt_path",
+        required=True,
+        help="a checkpoint file or DeepSpeed checkpoint folder, or `last`: the newest intact one of --root",
+    )
+    parser.add_argument("--root", default=".", help="with `--ckpt_path last`: the run's default_root_dir")
     parser.add_argument("--out", required=True, help="the folder to write")
     for flag, text in [
         ("--merge_lora", "LoRA: merge the adapter in"),
@@ -195,8 +286,28 @@ def main(args: list[str] | None = None) -> None:
     ]:
         parser.add_argument(flag, type=_boolean, nargs="?", const=True, default=False, help=text)
     options = parser.parse_args(args)
-    out = export_policy(options.ckpt_path, options.out, options.merge_lora, options.overwrite)
-    print(f"Exported the policy of {options.ckpt_path} to {out}")
+    ckpt_path = last_checkpoint(options.root) if options.ckpt_path == "last" else options.ckpt_path
+    out = export_policy(ckpt_path, options.out, options.merge_lora, options.overwrite)
+    print(f"Exported the policy of {ckpt_path} to {out}")
+
+
+def last_checkpoint(root: str | os.PathLike) -> str:
+    """What `exgrpo fit --ckpt_path last` would resume from in a run whose `default_root_dir` is `root`: the
+    newest complete, intact checkpoint of its logger versions (`lightning_logs/*/checkpoints`) or, logging
+    off, of `root/checkpoints`.
+
+    Raises:
+        FileNotFoundError: there is none, naming where it looked.
+    """
+    pattern = os.path.join(glob.escape(str(root)), "lightning_logs", "*", "checkpoints")
+    directories = [*sorted(glob.glob(pattern)), os.path.join(str(root), "checkpoints")]
+    newest = newest_complete_checkpoint(directories)
+    if newest is None:
+        raise FileNotFoundError(
+            f"ckpt_path=last: no complete, intact checkpoint in {pattern} or {directories[-1]}; give --root "
+            "(the run's trainer.default_root_dir) or the checkpoint file itself"
+        )
+    return newest
 
 
 def _boolean(value: str) -> bool:

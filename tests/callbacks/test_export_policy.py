@@ -1,6 +1,8 @@
 """ExportPolicy writes the final policy as a Hugging Face folder when fit ends, from the checkpoint
 SafeModelCheckpoint saves then; `exgrpo fit` takes it as a callback and `exgrpo test` takes the folder."""
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_module
@@ -9,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from exgrpo_pl.callbacks import ExportPolicy
 from exgrpo_pl.checkpoints import SafeModelCheckpoint
+from exgrpo_pl.checkpoints.export import MANIFEST
 from exgrpo_pl.cli import main
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
@@ -31,6 +34,7 @@ def test_the_final_policy_is_exported_when_fit_ends(tiny_model_dir, tmp_path):
     out = tmp_path / "policy"
     out.mkdir()
     (out / "old.txt").write_text("an earlier export")  # replaced: each fit exports its own policy
+    (out / MANIFEST).write_text(json.dumps({"files": ["old.txt"]}))
     fit(module, tmp_path, [SafeModelCheckpoint(dirpath=tmp_path / "ckpt"), ExportPolicy(str(out))])
     loaded = AutoModelForCausalLM.from_pretrained(out)
     assert not (out / "old.txt").exists()
@@ -38,6 +42,15 @@ def test_the_final_policy_is_exported_when_fit_ends(tiny_model_dir, tmp_path):
         assert torch.equal(loaded.state_dict()[name], tensor), name
     with torch.no_grad():
         assert torch.equal(loaded.eval()(IDS).logits, module.policy.eval()(IDS).logits)
+
+
+def test_a_folder_of_other_files_stops_the_run_before_training(tiny_model_dir, tmp_path):
+    module = tiny_module(tiny_model_dir)
+    (tmp_path / "notes.txt").write_text("mine")
+    callbacks = [SafeModelCheckpoint(dirpath=tmp_path / "ckpt"), ExportPolicy(str(tmp_path))]
+    with pytest.raises(FileExistsError, match=r"holds what no export wrote \(notes.txt\)"):
+        fit(module, tmp_path, callbacks)
+    assert module.policy is None and (tmp_path / "notes.txt").read_text() == "mine"  # before the model
 
 
 def test_without_a_safe_checkpoint_it_stops_before_training(tiny_model_dir, tmp_path):

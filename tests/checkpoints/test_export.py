@@ -3,13 +3,19 @@
 
 import json
 import multiprocessing
+import os
+import stat
+from pathlib import Path
 
 import pytest
 import torch
+import transformers.modeling_utils
 from conftest import CPUDeepSpeedStrategy, tiny_module
 from lightning.pytorch import Callback, Trainer, seed_everything
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from exgrpo_pl.checkpoints.atomic_writes import OutOfSpaceError
 from exgrpo_pl.checkpoints.export import export_policy, main
 from exgrpo_pl.checkpoints.saving import COMPLETE_MARKER, SafeModelCheckpoint
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
@@ -63,13 +69,76 @@ def test_an_existing_folder_is_kept_unless_overwritten(tiny_model_dir, tmp_path)
     ckpt = trained_checkpoint(tiny_module(tiny_model_dir), tmp_path / "run.ckpt")
     out = tmp_path / "policy"
     out.mkdir()
-    (out / "mine.txt").write_text("keep")
     with pytest.raises(FileExistsError, match=f"out={out}: already exists"):
         export_policy(ckpt, out)
-    assert (out / "mine.txt").read_text() == "keep"
-    export_policy(ckpt, out, overwrite=True)
-    assert not (out / "mine.txt").exists() and (out / "model.safetensors").is_file()
+    export_policy(ckpt, out, overwrite=True)  # an empty folder
+    (out / "model.safetensors").write_bytes(b"an earlier export's weights")
+    export_policy(ckpt, out, overwrite=True)  # an earlier export
+    assert (out / "model.safetensors").read_bytes() != b"an earlier export's weights"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["policy", "run.ckpt"]
+
+
+def test_overwrite_never_deletes_what_no_export_wrote(tiny_model_dir, tmp_path):
+    """A run's folder given as --out with --overwrite: refused, naming what is there, and nothing deleted."""
+    run = tmp_path / "lightning_logs" / "version_0"
+    ckpt = trained_checkpoint(tiny_module(tiny_model_dir), run / "checkpoints" / "last.ckpt")
+    for name in ("hparams.yaml", "events.out.tfevents.1"):
+        (run / name).write_text("the run's")
+    before = sorted(p for p in run.rglob("*"))
+    with pytest.raises(
+        FileExistsError, match=r"version_0: holds what no export wrote \(checkpoints/last.ckpt"
+    ):
+        main(["--ckpt_path", str(ckpt), "--out", str(run), "--overwrite", "true"])
+    assert sorted(p for p in run.rglob("*")) == before and ckpt.is_file()
+    export = export_policy(ckpt, tmp_path / "policy")
+    (export / "notes.txt").write_text("mine")  # a file added to an export is not the export's either
+    with pytest.raises(FileExistsError, match=r"policy: holds what no export wrote \(notes.txt\)"):
+        export_policy(ckpt, export, overwrite=True)
+    assert (export / "notes.txt").read_text() == "mine"
+
+
+def test_exported_files_get_the_umasks_modes(tiny_model_dir, tmp_path):
+    ckpt = trained_checkpoint(tiny_module(tiny_model_dir), tmp_path / "run.ckpt")
+    previous = os.umask(0o022)
+    try:
+        out = export_policy(ckpt, tmp_path / "policy")
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_earlier_export(tiny_model_dir, tmp_path, monkeypatch):
+    ckpt = trained_checkpoint(tiny_module(tiny_model_dir), tmp_path / "run.ckpt")
+    out = export_policy(ckpt, tmp_path / "policy")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(tensors, filename, metadata=None):  # safetensors' own error, as a full disk raises it
+        Path(filename).write_bytes(b"cut")
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No'
+            ' space left on device" })'
+        )
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    with pytest.raises(
+        OutOfSpaceError, match=r"No space left to write \S*/\.policy\.tmp-\S*/model\.safetensors"
+    ):
+        export_policy(ckpt, out, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy", "run.ckpt"]  # no temp folder left
+
+
+def test_last_exports_the_newest_intact_checkpoint_of_a_run(tiny_model_dir, tmp_path, capsys):
+    module = tiny_module(tiny_model_dir)
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    trained_checkpoint(module, checkpoints / "epoch=0-step=1.ckpt")
+    newest = trained_checkpoint(module, checkpoints / "epoch=0-step=2.ckpt", steps=2)
+    main(["--ckpt_path", "last", "--root", str(tmp_path), "--out", str(tmp_path / "policy")])
+    assert f"Exported the policy of {newest}" in capsys.readouterr().out
+    assert_same_model(AutoModelForCausalLM.from_pretrained(tmp_path / "policy"), module.policy)
+    with pytest.raises(FileNotFoundError, match=r"ckpt_path=last: no complete, intact checkpoint in"):
+        main(["--ckpt_path", "last", "--root", str(tmp_path / "elsewhere"), "--out", str(tmp_path / "x")])
 
 
 def test_the_embedded_model_exports_with_its_tokenizer(tmp_path):
