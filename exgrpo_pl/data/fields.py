@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from typing import Any
 
 
@@ -38,6 +39,24 @@ def text_value(value: Any, where: str, column: str) -> str:
     if not value.strip():
         raise ValueError(f"{where}: column {column!r} is empty")
     return value
+
+
+def answer_text(value: Any, where: str, column: str) -> str:
+    """An answer as text (`text_value`), refusing control characters other than tab and line breaks: a NUL or
+    an escape byte never matches what a model writes, and would surface only when a reward reads it, steps
+    into training, naming a row of a batch instead of the file's line.
+
+    Raises:
+        ValueError: naming the row, the column and the characters.
+    """
+    text = text_value(value, where, column)
+    control = sorted({char for char in text if unicodedata.category(char) == "Cc" and char not in "\t\n\r"})
+    if control:
+        raise ValueError(
+            f"{where}: column {column!r} holds control character(s) {', '.join(map(repr, control))}: "
+            f"{text!r}; remove them from the data"
+        )
+    return text
 
 
 def walk(raw: dict[str, Any], path: str) -> tuple[Any, int | None]:

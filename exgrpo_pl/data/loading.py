@@ -46,6 +46,7 @@ from typing import Any
 
 from exgrpo_pl.batch import text_id
 from exgrpo_pl.data.fields import (
+    answer_text,
     as_messages,
     lookup,
     prompt_key,
@@ -197,7 +198,7 @@ def load_rows(
                     f" replace (reserved: {', '.join(RESERVED_COLUMNS)}); rename the column"
                 )
         row["prompt"] = prompt_value(values["prompt"], where, prompt_column, drop_system_prompt)
-        row["answer"] = text_value(values["answer"], where, answer_column)
+        row["answer"] = answer_text(values["answer"], where, answer_column)
         if isinstance(values["answer"], float):
             floats.append(f"{position}: {values['answer']!r} -> {row['answer']!r}")
         if answer_from == "boxed":

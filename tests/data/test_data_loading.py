@@ -277,6 +277,14 @@ def test_clashing_column_names(tmp_path):
         load(path)
 
 
+@pytest.mark.parametrize("answer", ["15\u0000", "\u001b[1m15", "15\u007f"])
+def test_an_answer_with_a_control_character_is_an_error_naming_file_and_line(tmp_path, answer):
+    rows = [*ROWS, {"question": "q", "solution": "7\t"}, {"question": "r", "solution": answer}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)  # a tab, as in a copied table, is fine
+    with pytest.raises(ValueError, match=r"d\.jsonl: line 4: column 'solution' holds control character"):
+        load(path)
+
+
 def test_non_text_answer_rejected(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "solution": [1, 2]}])
     with pytest.raises(ValueError, match="column 'solution' must be text, got list"):
