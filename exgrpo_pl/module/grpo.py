@@ -36,7 +36,7 @@ from exgrpo_pl.module.evaluation import PassRateEvaluation
 from exgrpo_pl.module.hparams_tab import log_run_hparams, run_hparams
 from exgrpo_pl.module.logging_steps import step_metrics, writes_step_metrics
 from exgrpo_pl.module.mixin import ReplayMixin
-from exgrpo_pl.module.options import check_options
+from exgrpo_pl.module.options import check_max_steps, check_options
 from exgrpo_pl.module.resumable import ResumableModule
 from exgrpo_pl.module.sampling import RolloutSampling
 from exgrpo_pl.module.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
@@ -230,6 +230,8 @@ class ExGRPOModule(
         config, sampling that cannot fit in memory, a reward function that cannot run where it will run, and
         prompts the tokenizer cannot encode or that are longer than allowed."""
         check_strategy(self.trainer, self, self.trainer.datamodule)
+        if stage == "fit":
+            check_max_steps(self.trainer.max_steps, self.hparams)
         self.collector.check_rewards()
         data = self.trainer.datamodule  # set up before the module (Lightning's order)
         if not isinstance(data, PromptDataModule):

@@ -72,3 +72,23 @@ def check_options(hp) -> None:
             "objective; set loss_type='grpo' for GSPO's setup"
         )
     check_engine(hp.rollout_engine, hp.rollout_engine_options)
+
+
+def check_max_steps(max_steps: int, hp) -> None:
+    """Rejects a `trainer.max_steps` that is not a whole number of batches: Lightning counts optimizer
+    updates, a batch takes `num_iterations * steps_per_generation` of them, and it stops only between
+    batches, so the run would take more updates than `max_steps` (and say it stopped at `max_steps`).
+
+    Args:
+        max_steps: the trainer's `max_steps` (-1: no limit).
+        hp: the module's options.
+    """
+    per_batch = hp.num_iterations * hp.steps_per_generation
+    if max_steps > 0 and max_steps % per_batch:
+        below, above = max_steps // per_batch * per_batch, -(-max_steps // per_batch) * per_batch
+        raise ValueError(
+            f"trainer.max_steps={max_steps}: not a multiple of the {per_batch} optimizer updates each batch "
+            f"takes (ExGRPOModule steps_per_generation={hp.steps_per_generation} x num_iterations="
+            f"{hp.num_iterations}); the run would take {above}. Set max_steps to "
+            + (f"{below} or {above}" if below else f"{above}")
+        )

@@ -219,8 +219,18 @@ def test_fresh_rows_lose_the_clip_once_replay_starts_only_when_asked(
     assert [clip for *_, clip in losses] == expected
 
 
+def test_max_steps_not_a_whole_number_of_batches_is_an_error_naming_both(tiny_model_dir, tmp_path):
+    trainer = tiny_trainer(tmp_path, max_steps=3)
+    module = tiny_module(tiny_model_dir, steps_per_generation=2)
+    with pytest.raises(
+        ValueError, match=r"max_steps=3: not a multiple of the 2 .*steps_per_generation=2 x num"
+    ):
+        trainer.fit(module, datamodule=make_data())
+    assert trainer.global_step == 0 and module.policy is None  # before the model is built
+
+
 def test_more_updates_than_questions_is_an_error_before_training(tiny_model_dir, tmp_path):
-    trainer = tiny_trainer(tmp_path, max_steps=1)
+    trainer = tiny_trainer(tmp_path, max_steps=5)
     with pytest.raises(
         ValueError, match=r"steps_per_generation=5: .*batch's 4 questions \(data.batch_size\)"
     ):
