@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from jinja2 import TemplateError
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
@@ -198,6 +199,14 @@ def end_of_turn_id(tokenizer) -> int | None:
     added = tokenizer.added_tokens_decoder.get(ids[0])
     special = ids[0] in tokenizer.all_special_ids or (added is not None and added.special)
     return ids[0] if special else None
+
+
+def max_positions(model_name_or_path: str) -> int | None:
+    """The model's `max_position_embeddings` (its config read, no weights loaded), or None where the config
+    has none (or names it otherwise: then no limit is checked)."""
+    config = AutoConfig.from_pretrained(resolve_model_path(model_name_or_path))
+    positions = getattr(config, "max_position_embeddings", None)
+    return positions if isinstance(positions, int) else None
 
 
 def load_policy(

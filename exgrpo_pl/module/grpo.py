@@ -31,7 +31,7 @@ from exgrpo_pl.contract import PLACEMENTS
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.engines import build_engine
 from exgrpo_pl.lightning_internals import attached_trainer
-from exgrpo_pl.models import completion_stop_ids, load_policy, load_tokenizer, lora_config
+from exgrpo_pl.models import completion_stop_ids, load_policy, load_tokenizer, lora_config, max_positions
 from exgrpo_pl.module.evaluation import PassRateEvaluation
 from exgrpo_pl.module.hparams_tab import log_run_hparams, run_hparams
 from exgrpo_pl.module.logging_steps import step_metrics, writes_step_metrics
@@ -236,6 +236,8 @@ class ExGRPOModule(
         data = self.trainer.datamodule  # set up before the module (Lightning's order)
         if not isinstance(data, PromptDataModule):
             return
+        hp = self.hparams
+        self.collector.context_window = (hp.max_completion_length, max_positions(hp.model_name_or_path))
         device = self.trainer.strategy.root_device
         if stage == "fit":
             if data.hparams.batch_size < self.hparams.steps_per_generation:

@@ -74,6 +74,9 @@ class RolloutCollector:
         self.correct_threshold = correct_threshold
         self.reward_timeout_seconds = reward_timeout_seconds
         self._clipping_checked = False
+        # (max_completion_length, the model's max_position_embeddings), once the module's setup knows them:
+        # `check_prompts` then refuses a prompt whose completion would run past the model's positions.
+        self.context_window: tuple[int, int | None] | None = None
 
     def _render(self, prompt: Prompt) -> tuple[str, bool]:
         """The text the model reads for `prompt`, and whether the tokenizer adds its special tokens to it.
@@ -118,8 +121,9 @@ class RolloutCollector:
     def check_prompts(
         self, rows: Sequence[dict], source: str, locate: Callable[[dict], str] | None = None
     ) -> None:
-        """Raise before training if a dataset row's prompt holds characters the tokenizer cannot encode, or
-        is longer than `max_prompt_length` tokens (unless `truncate_prompts`).
+        """Raise before training if a dataset row's prompt holds characters the tokenizer cannot encode, is
+        longer than `max_prompt_length` tokens (unless `truncate_prompts`), or leaves too few of the model's
+        positions for `max_completion_length` (`context_window`, where the model's config has a limit).
 
         Args:
             rows: dataset rows with "id" and "prompt" (text or a list of chat messages).
@@ -134,12 +138,29 @@ class RolloutCollector:
                 for row in chunk:
                     self._check_encodable(row, locate(row) if locate else source)
                 raise  # no single row fails alone: the tokenizer's own error is all there is to say
-            if self.truncate_prompts:
-                continue
             for row, ids in zip(chunk, token_ids):
-                if len(ids) > self.max_prompt_length:
+                if len(ids) > self.max_prompt_length and not self.truncate_prompts:
                     where = locate(row) if locate else source
                     raise ValueError(f"{where}: " + self._too_long(row["id"], len(ids), row["prompt"]))
+                self._check_window(row, min(len(ids), self.max_prompt_length), locate, source)
+
+    def _check_window(
+        self, row: dict, length: int, locate: Callable[[dict], str] | None, source: str
+    ) -> None:
+        """Raises ValueError naming the row, where it is, and both numbers when a prompt of `length` tokens
+        and `max_completion_length` more exceed the model's `max_position_embeddings`: past them a model
+        with learned positions fails and a rotary one reads positions it never saw, in silence."""
+        if self.context_window is None or self.context_window[1] is None:
+            return
+        completion, positions = self.context_window
+        if length + completion > positions:
+            where = locate(row) if locate else source
+            raise ValueError(
+                f"{where}: the prompt of question_id={row['id']} has {length} tokens, and with "
+                f"max_completion_length={completion} its sequences reach {length + completion} tokens, more "
+                f"than the model's max_position_embeddings={positions}: lower max_completion_length or "
+                f"max_prompt_length (with truncate_prompts), or drop the row: {_preview(row['prompt'])!r}"
+            )
 
     def check_rewards(self) -> None:
         """Raise before training if a reward function cannot run where it will run: in the worker process

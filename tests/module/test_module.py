@@ -94,6 +94,28 @@ def test_a_long_prompt_anywhere_in_the_data_stops_fit_before_the_first_step(tiny
     assert trainer.global_step == 0
 
 
+def test_a_prompt_and_completion_past_the_models_positions_stop_fit_naming_row_file_and_numbers(
+    tiny_model_dir, tmp_path
+):
+    """The tiny model has 64 positions: a 41-token prompt and 24-token completions would run past them."""
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
+    rows.insert(3, {"prompt": "1+" * 20 + "=", "answer": "21"})
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = PromptDataModule(train_path=str(tmp_path / "train.jsonl"), batch_size=4, val_fraction=0)
+    module = tiny_module(tiny_model_dir, max_prompt_length=512, max_completion_length=24)
+    trainer = tiny_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    expected = (
+        r"train\.jsonl: line 4: the prompt of question_id=\S+ has 41 tokens, and with "
+        r"max_completion_length=24 its sequences reach 65 tokens, more than the model's "
+        r"max_position_embeddings=64"
+    )
+    with pytest.raises(ValueError, match=expected):
+        trainer.fit(module, datamodule=data)
+    assert trainer.global_step == 0 and module.policy is None  # before the model is built
+    trainer = tiny_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(tiny_module(tiny_model_dir, max_prompt_length=512, max_completion_length=23), datamodule=data)
+
+
 def test_text_the_tokenizer_cannot_read_stops_fit_naming_file_row_and_characters(tiny_model_dir, tmp_path):
     rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "What is 2 + 3?", "answer": "5"}]
     (tmp_path / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -240,9 +262,25 @@ def test_a_training_step_reads_top_to_bottom_and_no_stage_calls_back_up(tiny_mod
     module = ("module/grpo.py", "module/sampling.py")  # the module's own files: it samples in the second
     from_module = [callee for caller, callee in walk.calls if caller in module and callee not in module]
     visits = [f for i, f in enumerate(from_module) if i == 0 or f != from_module[i - 1]]
-    # batch.py: the groups moved to the module's device (`RolloutBatch.to`)
-    assert visits == ["step/plan.py", "step/collect.py", "step/assembly.py", "batch.py", "step/update.py"]
-    stages = ["module/grpo.py", "step/plan.py", "step/collect.py", "step/assembly.py", "step/update.py"]
+    # step/refill.py: which groups are dead (none gives way without refill or dynamic sampling); batch.py:
+    # the groups moved to the module's device (`RolloutBatch.to`)
+    steps = [
+        "step/plan.py",
+        "step/collect.py",
+        "step/assembly.py",
+        "step/refill.py",
+        "batch.py",
+        "step/update.py",
+    ]
+    assert visits == steps
+    stages = [
+        "module/grpo.py",
+        "step/plan.py",
+        "step/collect.py",
+        "step/assembly.py",
+        "step/refill.py",
+        "step/update.py",
+    ]
     back = [
         (a, b) for a, b in walk.calls if a in stages and b in stages and stages.index(b) < stages.index(a)
     ]

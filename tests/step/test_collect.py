@@ -87,6 +87,23 @@ def test_prompt_lengths_are_checked_for_a_whole_dataset_before_training():
     collector.check_prompts(rows, "training data")
 
 
+def test_a_prompt_whose_completion_runs_past_the_models_positions_is_named_with_both_numbers():
+    collector = RolloutCollector(TOKENIZER, [ArithmeticReward()], max_prompt_length=8)
+    rows = [{"id": 1, "prompt": "1+2="}, {"id": 2, "prompt": "10+5="}]
+    collector.check_prompts(rows, "training data")  # no limit known: nothing to check
+    collector.context_window = (11, 16)
+    with pytest.raises(ValueError, match=r"question_id=2 has 5 tokens, .*=11 .* reach 16 tokens, .*=15:"):
+        collector.context_window = (11, 15)
+        collector.check_prompts(rows, "training data")
+    collector.context_window = (11, 16)
+    collector.check_prompts(rows, "training data")
+    collector.max_prompt_length, collector.truncate_prompts = 4, True  # counted as truncated: 4 tokens
+    collector.context_window = (11, 15)
+    collector.check_prompts(rows, "training data")
+    collector.context_window = (11, None)  # a config without max_position_embeddings
+    collector.check_prompts(rows, "training data")
+
+
 def test_a_prompt_the_tokenizer_cannot_encode_is_named_with_its_characters():
     collector = RolloutCollector(TOKENIZER, [ArithmeticReward()], max_prompt_length=64, truncate_prompts=True)
     rows = [{"id": 1, "prompt": "1+2="}, {"id": 7, "prompt": "What is 2 + 3? 🙂"}]
