@@ -14,6 +14,8 @@ module: no Lightning.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 import warnings
@@ -302,6 +304,16 @@ def compute_rewards(
     return total, per_function
 
 
+def _sent_by_value(fn: Callable[..., Any]) -> bool:
+    """Whether cloudpickle sends `fn` to the worker by value: a function or a class instance defined in the
+    script that runs (`__main__`) or inside a function, which no other process can import."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    owner = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn)
+    owner = getattr(owner, "__func__", owner)
+    return owner.__module__ == "__main__" or "<locals>" in owner.__qualname__
+
+
 def check_rewards(funcs: Sequence[Callable[..., Any]], timeout_seconds: float | None) -> None:
     """Checks, before any scoring, that each reward function can run where `compute_rewards` will run it.
 
@@ -323,3 +335,13 @@ def check_rewards(funcs: Sequence[Callable[..., Any]], timeout_seconds: float | 
             raise TypeError(f"reward function {name} is not callable")
         if limit.runs_in_worker(fn, timeout_seconds):
             limit.check_loadable(fn, name)
+            if _sent_by_value(fn):
+                warnings.warn(
+                    f"reward function {name!r} is defined in your script (or inside a function), and under "
+                    f"reward_timeout_seconds={timeout_seconds} it runs in the worker process, sent there by "
+                    "value at each call: state it keeps (a global list it appends to, its attributes) "
+                    "changes there and is never seen in this process. To keep state here, give it "
+                    "`in_process = True` (it then runs here, without the time limit), or define it in a "
+                    "module the worker imports and read the state from a file",
+                    stacklevel=2,
+                )

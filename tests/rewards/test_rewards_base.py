@@ -496,6 +496,25 @@ def test_a_column_named_as_a_library_keyword_is_an_error():
         compute_rewards([ones], None, PROMPTS, COMPLETIONS, {"trainer_state": [1, 2, 3]})
 
 
+def test_a_reward_of_the_script_sent_to_the_worker_warns_that_its_state_stays_there():
+    seen = []
+
+    def remembers(prompts, completions, **columns):  # defined here: sent by value, as a script's is
+        seen.extend(completions)
+        return [1.0] * len(completions)
+
+    with pytest.warns(
+        UserWarning, match=r"reward function 'remembers' is defined in your script .* state it"
+    ):
+        check_rewards([remembers], timeout_seconds=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_rewards([ones], timeout_seconds=30)  # a module's function: imported there, said nowhere
+        check_rewards([remembers], timeout_seconds=None)  # no limit: it runs here
+        remembers.in_process = True
+        check_rewards([remembers], timeout_seconds=30)
+
+
 def test_check_rewards_sends_each_limited_function_to_the_worker_before_any_scoring(monkeypatch):
     ghost = types.ModuleType("ghost_module")
     exec("def ghostly(prompts, completions, **columns):\n    return [1.0] * len(completions)", ghost.__dict__)
