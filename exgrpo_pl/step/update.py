@@ -97,7 +97,8 @@ class PolicyUpdate:
         if hp.mask_truncated_completions:
             _, truncated = completion_mask_from_ids(rollouts.completion_ids, self.eos_token_ids)
             loss_mask = loss_mask & ~truncated.unsqueeze(1)
-        updates = mini_batch_rows(len(rollouts), self.num_generations, hp.steps_per_generation)
+        stored_only = rollouts.group_size == 1  # a swap replay step: stored rows, no groups
+        updates = mini_batch_rows(len(rollouts), self.num_generations, hp.steps_per_generation, stored_only)
         updates = [rows.to(loss_mask.device) for rows in updates]
         normalisers = [self.loss_normaliser(len(rows), loss_mask[rows]) for rows in updates]
         old_logps = torch.zeros_like(rollouts.behaviour_logps)
@@ -291,20 +292,34 @@ def loss_options(hp) -> dict:
     )
 
 
-def mini_batch_rows(num_rows: int, group_size: int, count: int) -> list[Tensor]:
+def mini_batch_rows(num_rows: int, group_size: int, count: int, stored_only: bool = False) -> list[Tensor]:
     """The rows of each of a step's `count` optimizer updates: its groups (K consecutive rows each) dealt out
     in turn, group g to update g mod count, so every row is used once and each update holds the batch's
     share of replayed groups (the batch lists its fresh groups first).
 
     Args:
         num_rows: the step's rows on this rank.
-        group_size: K; a swap step's stored rows are dealt K at a time too.
+        group_size: K; a swap step's stored rows are dealt K at a time too, or one at a time when they make
+            fewer than `count` sets of K (they are independent trajectories).
         count: optimizer updates per pass (`steps_per_generation`).
+        stored_only: the step is a swap replay step, its rows drawn from the replay buffer.
 
     Returns:
         `count` long tensors of row indices, in increasing order.
+
+    Raises:
+        ValueError: fewer groups than updates (a swap step: fewer stored rows), naming the cause.
     """
     groups = -(-num_rows // group_size)
+    if stored_only and groups < count:
+        group_size, groups = 1, num_rows
+    if stored_only and groups < count:
+        raise ValueError(
+            f"ExGRPOModule steps_per_generation={count}: this swap replay step drew only {num_rows} stored "
+            f"row(s) from the replay buffer, fewer than its {count} optimizer updates (each needs one); "
+            "data.batch_size does not set how many a swap step draws. Lower steps_per_generation, use "
+            "ReplayCallback mode='mix', or raise its min_buffer_size so replay starts with more stored rows"
+        )
     if groups < count:
         raise ValueError(
             f"ExGRPOModule steps_per_generation={count}: a step has only {groups} groups of {group_size} "

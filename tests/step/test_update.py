@@ -15,7 +15,7 @@ from test_module import make_data, tiny_trainer
 import exgrpo_pl.step.update as update_module
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate, loss_options
+from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate, loss_options, mini_batch_rows
 
 
 def test_scaled_gradients_are_measured_and_clipped_as_unscaled():
@@ -227,6 +227,18 @@ def test_max_steps_not_a_whole_number_of_batches_is_an_error_naming_both(tiny_mo
     ):
         trainer.fit(module, datamodule=make_data())
     assert trainer.global_step == 0 and module.policy is None  # before the model is built
+
+
+def test_a_swap_step_of_few_stored_rows_deals_them_one_by_one_and_names_swap_when_too_few():
+    # 3 stored rows with K = 2 and 2 updates: dealt K at a time when they make 2 sets, else one at a time
+    assert [rows.tolist() for rows in mini_batch_rows(4, 2, 2, stored_only=True)] == [[0, 1], [2, 3]]
+    assert [rows.tolist() for rows in mini_batch_rows(3, 4, 2, stored_only=True)] == [[0, 2], [1]]
+    with pytest.raises(
+        ValueError, match=r"swap replay step drew only 1 stored row\(s\) from the replay buffer"
+    ):
+        mini_batch_rows(1, 2, 2, stored_only=True)
+    with pytest.raises(ValueError, match=r"a step has only 1 groups of 2 rows .* raise data.batch_size"):
+        mini_batch_rows(2, 2, 2)  # a step of fresh groups: the batch is what is short
 
 
 def test_more_updates_than_questions_is_an_error_before_training(tiny_model_dir, tmp_path):
