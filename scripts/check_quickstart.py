@@ -1,17 +1,17 @@
-"""Runs the README's quickstart command and checks that it prints the numbers the README says it prints.
+"""Runs the README's quickstart command and checks that it prints the numbers the docs say it prints.
 
-The README states the validation pass@1 before and after the quickstart (`went from **A to B**`) and the
-best value on the way (`best C at step S`), twice: first with ATen's portable CPU kernels
-(ATEN_CPU_CAPABILITY=default), then with the kernels ATen picks for this project's machine (AVX-512). Both
-were measured on this project's machine: the portable kernels pin ATen's rounding but not MKL's, whose code
-path depends on the CPU (benchmarks/cpu_kernels.py lists what changes the losses on a machine), so another
-machine may print other numbers. This runs `exgrpo fit --config configs/quickstart.yaml` in a temporary
-directory with the portable kernels (with `--native`: the CPU's own, checked against the second sentence),
-reads the run's TensorBoard events, prints what it measured beside what the README says, and exits 1 if they
+The validation pass@1 before and after the quickstart (`went from **A to B**`) and the best value on the way
+(`best C at step S`) are stated twice: in the README with the kernels ATen picks for this project's machine
+(AVX-512), and in docs/getting-started.md with ATen's portable CPU kernels (ATEN_CPU_CAPABILITY=default).
+Both were measured on this project's machine: the portable kernels pin ATen's rounding but not MKL's, whose
+code path depends on the CPU (benchmarks/cpu_kernels.py lists what changes the losses on a machine), so
+another machine may print other numbers. This runs `exgrpo fit --config configs/quickstart.yaml` in a
+temporary directory with the portable kernels (with `--native`: the CPU's own, checked against the README),
+reads the run's TensorBoard events, prints what it measured beside what the page says, and exits 1 if they
 differ (in the third decimal). A run of minutes, so a script to run, not a test.
 
-    python scripts/check_quickstart.py              # the portable kernels' sentence
-    python scripts/check_quickstart.py --native     # this project's machine (ATen's AVX-512 kernels)
+    python scripts/check_quickstart.py              # getting-started.md's sentence: the portable kernels
+    python scripts/check_quickstart.py --native     # the README's: this project's machine (AVX-512 kernels)
 """
 
 from __future__ import annotations
@@ -34,12 +34,17 @@ CLAIM = re.compile(
 )
 
 
-def readme_claim(native: bool) -> dict[str, float]:
-    """The README's first such sentence (portable kernels), or with `native` its second (this machine's)."""
-    matches = list(CLAIM.finditer((ROOT / "README.md").read_text()))
-    if len(matches) < 2:
-        raise SystemExit("README.md should have two 'went from **A to B** ... best C at step S' sentences")
-    return {key: float(value) for key, value in matches[int(native)].groupdict().items()}
+# Where each sentence is: the portable kernels' (native False), this project's machine's (native True).
+PAGES = {False: ROOT / "docs" / "getting-started.md", True: ROOT / "README.md"}
+
+
+def claim(native: bool) -> dict[str, float]:
+    """The portable kernels' sentence (docs/getting-started.md), or with `native` this machine's (README)."""
+    page = PAGES[native]
+    matches = list(CLAIM.finditer(page.read_text()))
+    if len(matches) != 1:
+        raise SystemExit(f"{page.name} should have one 'went from **A to B** ... best C at step S' sentence")
+    return {key: float(value) for key, value in matches[0].groupdict().items()}
 
 
 def measure(native: bool) -> dict[str, float]:
@@ -64,11 +69,11 @@ def main() -> None:
         "--native", action="store_true", help="the CPU's own kernels: this machine's sentence"
     )
     native = parser.parse_args().native
-    claim, measured = readme_claim(native), measure(native)
-    differ = [key for key in claim if round(claim[key], 3) != round(measured[key], 3)]
-    for key in claim:
+    said, measured = claim(native), measure(native)
+    differ = [key for key in said if round(said[key], 3) != round(measured[key], 3)]
+    for key in said:
         mark = "  <- differs" if key in differ else ""
-        print(f"{key:6s} README {claim[key]:g}  measured {measured[key]:.3f}{mark}")
+        print(f"{key:6s} {PAGES[native].name} {said[key]:g}  measured {measured[key]:.3f}{mark}")
     sys.exit(1 if differ else 0)
 
 

@@ -4,8 +4,9 @@
     python scripts/dashboard_pngs.py --run-dir lightning_logs/version_3 --out /tmp/dashboards
 
 Without `--run-dir` it runs `exgrpo fit --config configs/quickstart.yaml` in a temporary directory with
-ATen's portable kernels (the README's first quickstart sentence, which `scripts/check_quickstart.py` holds to
-the current code), and draws from that run. Writes, with matplotlib (no TensorBoard server, no display):
+ATen's portable kernels (docs/getting-started.md's quickstart sentence, which `scripts/check_quickstart.py`
+holds to the current code), and draws from that run. Writes, with matplotlib (no TensorBoard server, no
+display):
 
 - scalars.png: val/pass@1, train/reward, replay/question_fraction with replay/row_fraction, and
   train/entropy over optimizer steps (the raw values faint, TensorBoard's exponential smoothing on top);
@@ -13,7 +14,7 @@ the current code), and draws from that run. Writes, with matplotlib (no TensorBo
   histograms that `DifficultyMonitor` logged;
 - heatmap.png: the last monitor/difficulty_entropy_heatmap image, as TensorBoard shows it;
 - run.json: what the pictures were drawn from (the run's scalar and image tags, its validation curve and
-  last step), which tests/scripts/test_dashboard_pngs.py holds to the README's quickstart sentence.
+  last step), which tests/scripts/test_dashboard_pngs.py holds to getting-started.md's quickstart sentence.
 
 `--run-dir` is one version_N folder or a folder of them (the highest-numbered one with event files is read).
 Exits with status 1, after writing what it could, when the run lacks what a picture needs (a run without a

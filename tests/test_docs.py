@@ -1,8 +1,10 @@
 """The documentation pages' tables of results are the results files' (docs/learning.md from learning.json and
 learning_yardstick.json, docs/reliability.md from resume_exact.json and hostile_probes.json,
-docs/performance.md's quickstart row from quickstart_speed.json)."""
+docs/performance.md's quickstart row from quickstart_speed.json, docs/getting-started.md's spread of the
+quickstart over seeds from learning.json)."""
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -64,10 +66,9 @@ def test_the_learning_page_shows_the_yardstick_table_of_its_results_file():
 
 
 def test_the_learning_page_shows_the_hypotheses_verdicts_of_its_results_file():
-    from hypotheses import decide, verdict_table
+    from hypotheses import decide, results_files, verdict_table
 
-    runs = json.loads((ROOT / "benchmarks" / "results" / "learning_yardstick.json").read_text())["runs"]
-    table = verdict_table(decide(runs))
+    table = verdict_table(decide(results_files()))
     assert table in (ROOT / "docs" / "learning.md").read_text(), (
         "docs/learning.md should show the verdicts as benchmarks/hypotheses.py prints them:\n" + table
     )
@@ -94,3 +95,22 @@ def test_every_docstring_renders_as_written():
     from docstrings import problems
 
     assert problems() == []
+
+
+def test_the_getting_started_page_quotes_the_quickstart_over_seeds():
+    """The quickstart's gain over the learning benchmark's seeds: its runs of "ExGRPO recommended" on the
+    reasoning task are quickstart runs (tests/test_configs.py keeps the two configs equal)."""
+    runs = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["runs"]
+    gains = sorted(
+        100 * (run["curve"][-1][2] - run["curve"][0][2]) for run in runs["reasoning"]["ExGRPO recommended"]
+    )
+    sentence = (
+        f"over its {len(gains)} seeds the gain's median is {statistics.median(gains):+.1f} points "
+        f"(the smallest {gains[0]:+.1f})"
+    )
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    paragraphs = [" ".join(p.split()) for p in page.split("\n\n")]
+    assert any(
+        sentence in p and "`python benchmarks/learning.py --jobs 2 --tasks reasoning`" in p
+        for p in paragraphs
+    ), f"docs/getting-started.md should say {sentence!r} beside the command that measured it"

@@ -82,10 +82,10 @@ def test_the_pages_pictures_are_in_the_repository(name):
 
 def test_the_pictures_are_of_the_readmes_quickstart_run():
     """docs/dashboards/run.json, written with the pictures, holds the validation curve of the run they were
-    drawn from: the README's first quickstart sentence (portable kernels), which scripts/check_quickstart.py
+    drawn from: getting-started.md's quickstart sentence (portable kernels), which scripts/check_quickstart.py
     holds to the current code, so the pictures are of a run of the current code."""
     run = json.loads((PICTURES / "run.json").read_text())
-    claim = load("check_quickstart").readme_claim(native=False)
+    claim = load("check_quickstart").claim(native=False)
     curve = run["val/pass@1"]
     step, best = max(curve[1:], key=lambda point: point[1])
     assert run["command"].startswith(
