@@ -1,7 +1,7 @@
 """The learning page's hypotheses, decided by the rule written before their runs (docs/learning.md, "Deferred
 questions and a weak start: written before the runs" for H1-H4, "Ten seeds: written before the runs" for H7,
 "Replay that displaces nothing, and the paper's rule for all-wrong groups: written before the runs" for H5, H6
-and H8).
+and H8, "Replay or fuller groups? Dynamic sampling as the control: written before the runs" for H9 and H10).
 
 Each comparison names the variant its runs were made as: H1-H4 and H7 were decided on the presets of their
 time, which the results file keeps as "paper, before exact" (the paper preset before it took the official
@@ -25,11 +25,13 @@ import json
 from dataclasses import dataclass
 
 from learning import RESULTS, TASKS, interval
-from learning_yardstick import EQUAL_FRESH, figures, reading_budgets
+from learning_yardstick import EQUAL_FRESH, EQUAL_TOKENS, figures, reading_budgets
 
 DECIDING = ("ours: val pass@1, T=1", "ID avg@4, T=0.6")
 SEEDS = 5  # paired seeds a comparison needs by default (fewer: "not measured", as while its runs are going)
 MARGINS = {"at or above": -1.0, "above": 0.0}  # the lower bound a comparison's intervals must clear
+# The runs of H9 and H10: GRPO, the recommended preset and the two dynamic-sampling controls at one commit.
+ONE_COMMIT = "dynamic_sampling"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Hypothesis:
     deciding: tuple[str, ...] = DECIDING
     seeds: int = SEEDS  # reads seeds 0 .. seeds-1: later seeds leave an earlier verdict as it was
     above_on_one: bool = False  # also: some comparison ends "above" (every deciding lower bound above 0)
+    results: str = "learning_yardstick"  # the results file its runs are in (benchmarks/results/NAME.json)
 
 
 HYPOTHESES = (
@@ -93,16 +96,33 @@ HYPOTHESES = (
         "at or above",
         tuple((task, "recommended, all-wrong keeps last bucket", "ExGRPO recommended") for task in TASKS),
     ),
+    Hypothesis(
+        "H9",
+        "refill with replayed questions ends at or above refill with fresh questions on every task at equal "
+        "generated tokens, and above it on one (10 seeds)",
+        "at or above", tuple((task, "ExGRPO recommended", "recommended, fresh refill") for task in TASKS),
+        (EQUAL_TOKENS,), seeds=10, above_on_one=True, results=ONE_COMMIT,
+    ),
 )  # fmt: skip
 
 
-# Compared, not decided (no rule was written before their runs): (what, task, variant A, variant B)
+# Compared, not decided (no rule decides them): (what, task, variant A, variant B, figures, seeds, file)
 REPORTED = tuple(
-    ("the paper preset made exact", task, "ExGRPO paper", "paper, before exact") for task in TASKS
-) + tuple(
-    ("the paper's all-wrong rule in the paper preset", task, "ExGRPO paper", "paper, all-wrong counted")
+    ("the paper preset made exact", task, "ExGRPO paper", "paper, before exact", DECIDING, SEEDS,
+     "learning_yardstick")
     for task in TASKS
-)
+) + tuple(
+    ("the paper's all-wrong rule in the paper preset", task, "ExGRPO paper", "paper, all-wrong counted",
+     DECIDING, SEEDS, "learning_yardstick")
+    for task in TASKS
+) + tuple(  # H10, written before its runs as reported
+    (f"H10: {what}", task, a, b, (EQUAL_TOKENS, DECIDING[0]), 10, ONE_COMMIT)
+    for what, a, b in (
+        ("DAPO's dynamic sampling vs GRPO", "GRPO, dynamic sampling", "GRPO"),
+        ("the recommended preset vs DAPO's dynamic sampling", "ExGRPO recommended", "GRPO, dynamic sampling"),
+    )
+    for task in TASKS
+)  # fmt: skip
 
 
 def paired(
@@ -130,10 +150,12 @@ def verdict(intervals: list[tuple[float, float]], relation: str) -> str:
     return "undecided"
 
 
-def decide(runs: dict, hypotheses: tuple[Hypothesis, ...] = HYPOTHESES) -> list[dict]:
-    """Each hypothesis's comparisons, their intervals and verdicts, and its own verdict."""
+def decide(files: dict[str, dict], hypotheses: tuple[Hypothesis, ...] = HYPOTHESES) -> list[dict]:
+    """Each hypothesis's comparisons, their intervals and verdicts, and its own verdict, from the runs of
+    each results file (`files`: name -> its "runs"; a file not there has no runs)."""
     decided = []
     for hypothesis in hypotheses:
+        runs = files.get(hypothesis.results, {})
         rows = []
         for task, a, b in hypothesis.comparisons:
             found = {
@@ -189,11 +211,12 @@ def verdict_table(decided: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def reported_table(runs: dict) -> str:
-    """`REPORTED` as Markdown: A - B in points (95% interval) per deciding figure, and no verdict."""
+def reported_table(files: dict[str, dict]) -> str:
+    """`REPORTED` as Markdown: A - B in points (95% interval) per figure, and no verdict."""
     lines = ["| compared | task | A vs B | A - B, points (95% interval) |", "|---|---|---|---|"]
-    for what, task, a, b in REPORTED:
-        found = [(column, paired(runs, task, a, b, column)) for column in DECIDING]
+    for what, task, a, b, columns, seeds, results in REPORTED:
+        runs = files.get(results, {})
+        found = [(column, paired(runs, task, a, b, column, seeds)) for column in columns]
         cells = "; ".join(
             f"{column}: " + ("—" if value is None else f"{value[0]:+.1f} ± {value[1]:.1f}")
             for column, value in found
@@ -202,12 +225,19 @@ def reported_table(runs: dict) -> str:
     return "\n".join(lines)
 
 
+def results_files() -> dict[str, dict]:
+    """The runs of each results file the hypotheses read: name -> its "runs" (a file not written yet is
+    left out)."""
+    paths = (RESULTS / f"{name}.json" for name in ("learning_yardstick", ONE_COMMIT))
+    return {path.stem: json.loads(path.read_text())["runs"] for path in paths if path.exists()}
+
+
 def main() -> None:
-    runs = json.loads((RESULTS / "learning_yardstick.json").read_text())["runs"]
-    decided = decide(runs)
+    files = results_files()
+    decided = decide(files)
     print(verdict_table(decided))
     print("\ncompared, not decided:\n")
-    print(reported_table(runs))
+    print(reported_table(files))
     print("\nthe recommended preset takes displaced_questions: defer:", recommended_takes_defer(decided))
 
 

@@ -95,6 +95,20 @@ def _without_replay(cli) -> None:
     cli.trainer.callbacks.remove(_replay_callback(cli))
 
 
+def _dynamic_sampling(**options):
+    """The preset's module, without a ReplayCallback, with dynamic sampling: `ExGRPOModule` options
+    (`dynamic_sampling`, `refill_fraction`, `max_generation_rounds`). Filling dead groups with fresh questions
+    and no replay: the control that tells refill's gain from replay apart from its fuller groups."""
+
+    def apply(cli) -> None:
+        replay = next((c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback)), None)
+        if replay is not None:
+            cli.trainer.callbacks.remove(replay)
+        cli.model.hparams.update(options)
+
+    return apply
+
+
 _BUFFER_ONLY = {"retire_from": "buffer"}
 _KEEP_LAST, _COUNTED = {"all_wrong_groups": "keep_last"}, {"all_wrong_groups": "count"}
 # The paper preset before it took the official code's loss normaliser, entropy weight, two updates per batch,
@@ -184,6 +198,15 @@ VARIANTS = {
     # recommended preset's placement until the learning page's H6), or join it to its own question's group.
     "recommended, displace": ("exgrpo", _changed(callback={"placement": "displace"}), None),
     "recommended, join": ("exgrpo", _changed(callback={"placement": "join"}), None),
+    # Dead groups (K equal rewards) filled with fresh questions, no replay: refill's twin, the places given to
+    # fresh questions instead of replayed ones (at most a quarter of the batch, as the preset's mix_fraction),
+    # and DAPO's dynamic sampling on GRPO (rounds of a batch until no dead place is left, at most 10).
+    "recommended, fresh refill": (
+        "exgrpo",
+        _dynamic_sampling(dynamic_sampling="refill", refill_fraction=0.25),
+        None,
+    ),
+    "GRPO, dynamic sampling": ("grpo_baseline", _dynamic_sampling(dynamic_sampling="dapo"), None),
     # The paper's code skips a group with no correct rollout, so its question keeps its last bucket (the
     # paper preset's rule); "counted" is ours, the other presets'.
     "paper, all-wrong counted": ("exgrpo_paper", _changed(bucketer=_COUNTED), None),

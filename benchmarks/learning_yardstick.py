@@ -16,9 +16,12 @@ intervals.
 
     python benchmarks/learning_yardstick.py --jobs 2 --tasks reasoning --variants GRPO "ExGRPO recommended"
     python benchmarks/learning_yardstick.py --jobs 2 --resume      # all presets and tasks, 5 seeds
+    python benchmarks/learning_yardstick.py --jobs 2 --resume --seeds 10 --results dynamic_sampling \\
+        --variants GRPO "ExGRPO recommended" "recommended, fresh refill" "GRPO, dynamic sampling"
 
-Writes benchmarks/results/learning_yardstick.json: the runs, and their summary (finished runs are kept with
---resume), and learning_yardstick.png: the T = 1 curves against steps and against fresh questions trained on.
+Writes benchmarks/results/learning_yardstick.json (or `--results NAME`.json): the runs, and their summary
+(finished runs are kept with --resume), and learning_yardstick.png (or NAME.png): the T = 1 curves against
+steps and against fresh questions trained on.
 """
 
 from __future__ import annotations
@@ -241,8 +244,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the task's)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time, each with 2 / jobs threads")
     parser.add_argument("--resume", action="store_true", help="keep finished runs of the results file")
+    parser.add_argument(
+        "--results", default="learning_yardstick",
+        help="the results file's name in benchmarks/results/ (.json, and its .png): a set of runs made at "
+        "one commit keeps a file of its own",
+    )  # fmt: skip
     args = parser.parse_args()
-    path = RESULTS / "learning_yardstick.json"
+    path = RESULTS / f"{args.results}.json"
     results: dict = json.loads(path.read_text())["runs"] if args.resume and path.exists() else {}
     todo = [
         (task, name, seed)

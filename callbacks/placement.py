@@ -51,6 +51,13 @@ def check_options(callback) -> None:
 def check_module(callback, module) -> None:
     """Raises `ContractError` at setup when the module's step cannot place experience as `placement` asks:
     refill happens inside its step, so the module must say it does (`replay_placements`)."""
+    hparams = getattr(module, "hparams", {})
+    if callback.placement == "refill" and hparams.get("dynamic_sampling", "off") != "off":
+        raise ValueError(
+            f"ReplayCallback placement='refill' with {type(module).__name__} "
+            f"dynamic_sampling={hparams['dynamic_sampling']!r}: both fill the places of dead groups "
+            "(replayed questions, fresh ones); keep one (dynamic_sampling='off' for replay's refill)"
+        )
     placements = getattr(module, "replay_placements", CONTRACT_PLACEMENTS)
     if callback.placement not in placements:
         raise ContractError(

@@ -31,13 +31,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from exgrpo_pl.data.eval_sets import COLUMN_OPTIONS, EvalSet, check_names, eval_rows
 from exgrpo_pl.data.loaders import ExcludingRandomSampler, ResumableLoader, RowDataset, collate_rows
 from exgrpo_pl.data.loading import check_answer_from, find_row, load_rows, split_rows
-from exgrpo_pl.data.stream import PassStream
+from exgrpo_pl.data.stream import PassStream, StreamedPasses
 from exgrpo_pl.data.synthetic import ArithmeticTask
 from exgrpo_pl.data.task import SyntheticTask
 from exgrpo_pl.seeding import derive_seed
@@ -47,7 +46,7 @@ from exgrpo_pl.validation import check_number
 __all__ = ["ExcludingRandomSampler", "PromptDataModule", "collate_rows"]
 
 
-class PromptDataModule(L.LightningDataModule):
+class PromptDataModule(StreamedPasses, L.LightningDataModule):
     """Prompt/answer batches for GRPO training and validation.
 
     Training data is `train_path`, or the `synthetic` task when that is None. Validation data is `val_path`,
@@ -233,44 +232,6 @@ class PromptDataModule(L.LightningDataModule):
         ids = {int(qid) for qid in ids}
         self._excluded.clear()  # in place: the training sampler holds a reference to this set
         self._excluded.update(ids)
-
-    def stream_passes(self) -> None:
-        """Makes the training batches one stream of passes from the next training loader on, for
-        `defer_questions` (`ReplayCallback(displaced_questions="defer")` calls it at setup).
-
-        An epoch (Lightning's `num_training_batches` batches) then goes on with the pass the last one left
-        unfinished; the next pass, with the pass hooks, is drawn when its first question is needed. Every
-        training loader built afterwards takes its batches from that stream, in this process (workers would
-        fetch ahead of the steps): `num_workers` then applies to the validation loaders only.
-        """
-        if not self._streaming and self.hparams.num_workers > 0:
-            rank_zero_warn(
-                f"PromptDataModule num_workers={self.hparams.num_workers}: with deferred questions"
-                " (ReplayCallback displaced_questions='defer') the training batches are taken in this"
-                " process, since workers would fetch them ahead of the steps that defer questions; the"
-                " validation loaders keep their workers"
-            )
-        self._streaming = True
-
-    def defer_questions(self, ids: Iterable[int]) -> None:
-        """Hands the questions a step left out out again first: `ids` are the last questions of the latest
-        training batch (a mixed replay step leaves out its batch's last ones), in their order; the next batch
-        starts with them, and the stream then goes on where it was. Needs `stream_passes()`.
-
-        Args:
-            ids: question ids (ints or 0-d tensors), the last `len(ids)` of the latest batch; else ValueError.
-        """
-        if not self._streaming or not isinstance(self._sampler, PassStream):
-            raise RuntimeError(
-                "defer_questions needs a stream of passes: call stream_passes() before the training loader"
-                " is built (ReplayCallback(displaced_questions='defer') does so at setup)"
-            )
-        self._sampler.rewind([int(qid) for qid in ids])
-
-    @property
-    def deferred_waiting(self) -> int:
-        """Questions handed back by `defer_questions` and not taken by a batch yet."""
-        return self._sampler.waiting if isinstance(self._sampler, PassStream) else 0
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches that skip retired questions, sharded across the trainer's ranks, with

@@ -1,18 +1,21 @@
 """The training sampler of a run whose replay steps defer the fresh questions they displace
 (`ReplayCallback(displaced_questions="defer")`): `ExcludingRandomSampler`'s passes handed out as one endless
 stream, whose position moves on only by the questions that were trained on (`PassStream`). Used by
-`PromptDataModule` once `stream_passes()` is called (`exgrpo_pl.data.datamodule`).
+`PromptDataModule` once `stream_passes()` is called (`exgrpo_pl.data.datamodule`): for deferred questions,
+and for dynamic sampling (`ExGRPOModule(dynamic_sampling=...)`), whose further questions a step takes from
+the stream (`take`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
-from exgrpo_pl.data.loaders import ExcludingRandomSampler, check_enough_left
+from exgrpo_pl.data.loaders import ExcludingRandomSampler, check_enough_left, collate_rows
 
 
 class PassStream(ExcludingRandomSampler):
@@ -95,12 +98,23 @@ class PassStream(ExcludingRandomSampler):
 
     def __iter__(self) -> Iterator[int]:
         for _ in range(self.epoch_length):
-            if self.order is None or self.position >= self.num_samples:
-                self._next_pass()
-            index = self._at(self.position)
-            self.position += 1
-            self.furthest = max(self.furthest, self.position)
-            yield index
+            yield self._hand_out()
+
+    def _hand_out(self) -> int:
+        """The dataset index at the position, which moves on by one (drawing the next pass when needed)."""
+        if self.order is None or self.position >= self.num_samples:
+            self._next_pass()
+        index = self._at(self.position)
+        self.position += 1
+        self.furthest = max(self.furthest, self.position)
+        return index
+
+    def take(self, n: int) -> list[int]:
+        """Hands the next `n` questions of the stream out to a step besides its batch (dynamic sampling's
+        further questions): they count as handed out, so the next batch goes on after them, and a resumed
+        run's stream is where the uninterrupted run's was. Every rank must take as many at the same steps
+        (the stream's state is rank 0's copy)."""
+        return [self._hand_out() for _ in range(n)]
 
     @property
     def waiting(self) -> int:
@@ -154,3 +168,63 @@ class PassStream(ExcludingRandomSampler):
         self.position = int(state.get("position", 0))
         self.furthest = int(state.get("furthest", self.position))
         self._cache_shares()
+
+
+class StreamedPasses:
+    """What `PromptDataModule` does with its training stream (a mixin of it): turn it on
+    (`stream_passes`), hand a step's left-out questions back to it (`defer_questions`), and take further
+    questions from it for a step (`draw_questions`). Uses the datamodule's `_streaming` flag, its latest
+    training sampler `_sampler` and its `train_rows`."""
+
+    def stream_passes(self) -> None:
+        """Makes the training batches one stream of passes from the next training loader on, for
+        `defer_questions` (`ReplayCallback(displaced_questions="defer")` calls it at setup) and
+        `draw_questions` (`ExGRPOModule(dynamic_sampling=...)` calls it at setup).
+
+        An epoch (Lightning's `num_training_batches` batches) then goes on with the pass the last one left
+        unfinished; the next pass, with the pass hooks, is drawn when its first question is needed. Every
+        training loader built afterwards takes its batches from that stream, in this process (workers would
+        fetch ahead of the steps): `num_workers` then applies to the validation loaders only.
+        """
+        if not self._streaming and self.hparams.num_workers > 0:
+            rank_zero_warn(
+                f"PromptDataModule num_workers={self.hparams.num_workers}: with deferred questions"
+                " (ReplayCallback displaced_questions='defer') or dynamic sampling (ExGRPOModule"
+                " dynamic_sampling) the training batches are taken in this process, since workers would"
+                " fetch them ahead of the steps that move the stream; the validation loaders keep their"
+                " workers"
+            )
+        self._streaming = True
+
+    def _stream(self, what: str) -> PassStream:
+        if not self._streaming or not isinstance(self._sampler, PassStream):
+            raise RuntimeError(
+                f"{what} needs a stream of passes: call stream_passes() before the training loader is built"
+                " (ReplayCallback(displaced_questions='defer') and ExGRPOModule(dynamic_sampling=...) do so"
+                " at setup)"
+            )
+        return self._sampler
+
+    def defer_questions(self, ids: Iterable[int]) -> None:
+        """Hands the questions a step left out out again first: `ids` are the last questions of the latest
+        training batch (a mixed replay step leaves out its batch's last ones), in their order; the next batch
+        starts with them, and the stream then goes on where it was. Needs `stream_passes()`.
+
+        Args:
+            ids: question ids (ints or 0-d tensors), the last `len(ids)` of the latest batch; else ValueError.
+        """
+        self._stream("defer_questions").rewind([int(qid) for qid in ids])
+
+    def draw_questions(self, n: int) -> dict[str, Any]:
+        """The next `n` questions of the training stream as a training batch (`collate_rows`), for a step
+        that samples more than its batch (dynamic sampling). They count as handed out: the next batch goes
+        on after them, and checkpoints save the stream's position with them. Call it with the same `n` on
+        every rank at the same steps. Needs `stream_passes()`."""
+        indices = self._stream("draw_questions").take(n)
+        rows = self.train_rows
+        return collate_rows([rows[index] for index in indices])
+
+    @property
+    def deferred_waiting(self) -> int:
+        """Questions handed back by `defer_questions` and not taken by a batch yet."""
+        return self._sampler.waiting if isinstance(self._sampler, PassStream) else 0

@@ -30,13 +30,13 @@ from exgrpo_pl.checkpoints.resume import estimated_stepping_batches
 from exgrpo_pl.contract import PLACEMENTS
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.engines import build_engine
-from exgrpo_pl.lightning_internals import attached_trainer
+from exgrpo_pl.lightning_internals import attached_trainer, forget_step_metrics
 from exgrpo_pl.models import completion_stop_ids, load_policy, load_tokenizer, lora_config, max_positions
 from exgrpo_pl.module.evaluation import PassRateEvaluation
 from exgrpo_pl.module.hparams_tab import log_run_hparams, run_hparams
 from exgrpo_pl.module.logging_steps import step_metrics, writes_step_metrics
 from exgrpo_pl.module.mixin import ReplayMixin
-from exgrpo_pl.module.options import check_max_steps, check_options
+from exgrpo_pl.module.options import check_max_steps, check_options, stream_for_dynamic_sampling
 from exgrpo_pl.module.resumable import ResumableModule
 from exgrpo_pl.module.sampling import RolloutSampling
 from exgrpo_pl.module.strategies import check_strategy, hf_deepspeed_config, needs_synced_generation
@@ -132,6 +132,19 @@ class ExGRPOModule(
         lora: train a LoRA adapter instead of all weights: keyword arguments of `peft.LoraConfig`, e.g.
             `{r: 16, lora_alpha: 32, target_modules: all-linear}` (needs the `peft` extra). The KL reference
             is then the base model with the adapter switched off, so no second copy is built.
+        dynamic_sampling: what fills the places of a step's dead groups (K equal rewards: no GRPO gradient)
+            with fresh questions from the training stream, no replay involved: "off" (GRPO: they are trained
+            on as they are); "refill" (one further round of as many fresh questions, K rollouts each, placed
+            whatever their rewards: the twin of `ReplayCallback(placement="refill")`, which places replayed
+            questions instead); "dapo" (DAPO's dynamic sampling, verl's `algorithm.filter_groups`: further
+            rounds of a batch of fresh questions each, of which only groups with unequal rewards take places,
+            until none is left or `max_generation_rounds`; then the rest stay as they are). Questions drawn
+            count as seen: the next batch goes on after them, and resume stays exact. Needs a datamodule
+            with `stream_passes()` and `draw_questions(n)` (`PromptDataModule`).
+        refill_fraction: with dynamic_sampling "refill", the most places a step fills, as a share of its
+            questions (at least one).
+        max_generation_rounds: with dynamic_sampling "dapo", the most generation rounds a step takes, the
+            first included (verl's `max_num_gen_batches`).
     """
 
     replay_placements = PLACEMENTS  # ReplayCallback(placement=...): refill happens in training_step
@@ -185,6 +198,9 @@ class ExGRPOModule(
         attn_implementation: str | None = None,
         gradient_checkpointing: bool = False,
         lora: dict | None = None,
+        dynamic_sampling: str = "off",
+        refill_fraction: float = 1.0,
+        max_generation_rounds: int = 10,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["reward_funcs"])
@@ -234,6 +250,8 @@ class ExGRPOModule(
             check_max_steps(self.trainer.max_steps, self.hparams)
         self.collector.check_rewards()
         data = self.trainer.datamodule  # set up before the module (Lightning's order)
+        if stage == "fit" and self.hparams.dynamic_sampling != "off":
+            stream_for_dynamic_sampling(data, self.hparams.dynamic_sampling)
         if not isinstance(data, PromptDataModule):
             return
         hp = self.hparams
@@ -308,9 +326,9 @@ class ExGRPOModule(
             metrics.update(collected)
         # Under DDP "batch" scaling takes the std of every rank's rewards: every rank assembles each step.
         rollouts = assemble_groups(plan, fresh, self.hparams.scale_rewards, self.sum_over_ranks)
-        experience, gave_way = batch.get("experience"), None
-        if experience is not None and experience.placement == "refill":
-            rollouts, gave_way = self._refill(rollouts, experience.rollouts, metrics)
+        gave_way = None
+        if plan.mode != "swap":  # dead groups' places: refill's replayed questions, or dynamic sampling's
+            rollouts, gave_way = self._fill_dead_groups(rollouts, batch.get("experience"), metrics)
         rollouts = rollouts.to(self.device)
         update_started = time.perf_counter()
         stats = self.update_policy(rollouts)
@@ -331,10 +349,12 @@ class ExGRPOModule(
 
     # --------------------------------------------------------------------------------- logging
     def _log_step(self, rollouts: RolloutBatch, stats: dict, timings: dict, step_time: float) -> None:
-        if self.trainer.progress_bar_callback is not None:  # each `self.log` costs about a millisecond
-            self.log("reward", rollouts.rewards.mean(), prog_bar=True, logger=False, batch_size=len(rollouts))
-            pass_rate = rollouts.correct.float().mean()
-            self.log("pass@1", pass_rate, prog_bar=True, logger=False, batch_size=len(rollouts))
+        fresh = ~rollouts.replayed  # rewards of fresh rows only (`step_metrics`): none on a swap replay step
+        if self.trainer.progress_bar_callback is not None and bool(fresh.any()):  # a `self.log` costs ~1 ms
+            rows = int(fresh.sum())
+            self.log("reward", rollouts.rewards[fresh].mean(), prog_bar=True, logger=False, batch_size=rows)
+            pass_rate = rollouts.correct[fresh].float().mean()
+            self.log("pass@1", pass_rate, prog_bar=True, logger=False, batch_size=rows)
         if not writes_step_metrics(self.trainer):  # the full set only when a logger will see it
             return
         counters = {
@@ -345,6 +365,11 @@ class ExGRPOModule(
         }
         metrics = step_metrics(rollouts, self.eos_token_ids, {**stats, **counters}, timings)
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollouts))
+        # What an earlier step logged and this one has not (its rewards, on a swap replay step) is not written
+        # again with its last value.
+        earlier = getattr(self, "_logged_step_metrics", set())
+        forget_step_metrics(self.trainer, "on_train_batch_end", earlier - set(metrics))
+        self._logged_step_metrics = set(metrics)
 
     # ------------------------------------------- resuming (ResumableModule), evaluation (PassRateEvaluation)
     def on_train_start(self) -> None:

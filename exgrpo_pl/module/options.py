@@ -14,6 +14,7 @@ from exgrpo_pl.step.losses import (
     OFF_POLICY_CORRECTIONS,
     SCALE_REWARDS,
 )
+from exgrpo_pl.step.refill import DYNAMIC_SAMPLING
 from exgrpo_pl.validation import check_choice, check_number, check_numbers
 
 NUMERIC_OPTIONS = {
@@ -42,6 +43,8 @@ NUMERIC_OPTIONS = {
     "is_truncation": dict(low=0, low_open=True),
     "val_temperature": dict(low=0, optional=True),
     "val_num_generations": dict(low=1, integer=True),
+    "refill_fraction": dict(low=0, high=1, low_open=True),
+    "max_generation_rounds": dict(low=1, integer=True),
 }
 """Every numeric option and its range; each must also be finite."""
 CHOICE_OPTIONS = {
@@ -50,6 +53,7 @@ CHOICE_OPTIONS = {
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
     "off_policy_correction": OFF_POLICY_CORRECTIONS,
     "dtype": tuple(DTYPES),
+    "dynamic_sampling": DYNAMIC_SAMPLING,
 }
 
 
@@ -72,6 +76,20 @@ def check_options(hp) -> None:
             "objective; set loss_type='grpo' for GSPO's setup"
         )
     check_engine(hp.rollout_engine, hp.rollout_engine_options)
+
+
+def stream_for_dynamic_sampling(datamodule, mode: str) -> None:
+    """Turns the datamodule's training stream on for dynamic sampling's further questions, or raises
+    TypeError naming what it lacks (at setup, before any training)."""
+    missing = [name for name in ("stream_passes", "draw_questions") if not hasattr(datamodule, name)]
+    if missing:
+        raise TypeError(
+            f"ExGRPOModule dynamic_sampling={mode!r} draws further questions from the training stream, but "
+            f"the datamodule {type(datamodule).__name__} has no {' or '.join(missing)}: use "
+            "exgrpo_pl.data.PromptDataModule, or give yours `stream_passes()` (called at setup) and "
+            "`draw_questions(n)` (the stream's next n questions as a training batch, counted as seen)"
+        )
+    datamodule.stream_passes()
 
 
 def check_max_steps(max_steps: int, hp) -> None:

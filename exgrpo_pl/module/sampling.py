@@ -1,5 +1,6 @@
 """How `ExGRPOModule` samples and scores rollouts: its rollout engine's sampling settings, the reward
-functions' `trainer_state`, refill's second generation round, and the engine's warm-up when fitting starts
+functions' `trainer_state`, the further rounds that fill dead groups (refill, dynamic sampling), and the
+engine's warm-up when fitting starts
 (`RolloutSampling`, a mixin of `ExGRPOModule`, beside `PolicyUpdate` and `PassRateEvaluation`)."""
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing_extensions import override
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.engines import SamplingConfig
-from exgrpo_pl.step.groups import RolloutPlan
-from exgrpo_pl.step.refill import idle_groups, refill_plan, refilled
+from exgrpo_pl.step.groups import RolloutPlan, assemble_groups, plan_rollouts
+from exgrpo_pl.step.losses import group_advantages
+from exgrpo_pl.step.refill import dead_places, informative, placed, refill_plan, refilled
 
 
 class RolloutSampling:
@@ -81,19 +83,61 @@ class RolloutSampling:
         seconds = time.perf_counter() - started
         rank_zero_info(f"rollout engine {hp.rollout_engine!r} warmed up in {seconds:.1f} s")
 
-    def _refill(self, rollouts: RolloutBatch, pool: RolloutBatch, metrics: dict) -> tuple:
-        """(rows to train on, groups that gave way or None) by `exgrpo_pl.step.refill`, refilling as many
-        groups on every rank (generation is collective under ZeRO-3)."""
-        k = self.num_generations
-        idle = idle_groups(rollouts.rewards, k)
-        n = min(int(idle.sum()), len(pool))
-        if self.trainer.world_size > 1:
-            n = int(self.trainer.strategy.reduce(torch.tensor(n, device=self.device), reduce_op="min"))
-        if n == 0:
-            return rollouts, None
-        plan = refill_plan(pool, n, k)
+    def _fill_dead_groups(self, rollouts: RolloutBatch, experience, metrics: dict) -> tuple:
+        """(rows to train on, groups that gave way or None): the places of the step's dead groups (K equal
+        rewards) filled by `exgrpo_pl.step.refill`, from replay's pool (`ReplayCallback(placement="refill")`)
+        or from the training stream (`dynamic_sampling`), with as many rounds and places on every rank
+        (generation is collective under ZeRO-3). Logs `train/dead_groups_before`, `train/dead_groups_after`
+        and `train/generation_rounds` (this rank's groups; rounds including the first)."""
+        k, mode = self.num_generations, self.hparams.dynamic_sampling
+        pool = experience.rollouts if experience is not None and experience.placement == "refill" else None
+        places = dead_places(rollouts)
+        metrics["train/dead_groups_before"] = float(places.sum())
+        trained, gave_way, rounds = rollouts, [], 1
+        if pool is not None or mode == "refill":  # one further round, placed whatever its rewards
+            supply = (
+                len(pool) if pool is not None else max(1, round(self.hparams.refill_fraction * len(places)))
+            )
+            n = self._same_on_every_rank(min(int(places.sum()), supply), "min")
+            if n > 0:
+                plan = refill_plan(pool, n, k) if pool is not None else self._fresh_plan(n)
+                trained, gave = refilled(
+                    rollouts, places, plan, self._collect_round(plan, metrics), self.hparams.scale_rewards,
+                    self.sum_over_ranks,
+                )  # fmt: skip
+                gave_way, rounds = [gave], 2
+        elif mode == "dapo":  # rounds of a batch of fresh questions; their informative groups take places
+            while rounds < self.hparams.max_generation_rounds:
+                if self._same_on_every_rank(int(places.sum()), "max") == 0:
+                    break
+                plan = self._fresh_plan(len(places))
+                sampled = assemble_groups(plan, self._collect_round(plan, metrics), "none")
+                chosen, left = informative(sampled, int(places.sum()))
+                trained, gave = placed(trained, places, chosen)
+                gave_way += [gave, left]
+                places, rounds = dead_places(trained), rounds + 1
+            if rounds > 1:
+                trained.advantages = group_advantages(
+                    trained.rewards, k, self.hparams.scale_rewards, sum_over_ranks=self.sum_over_ranks
+                )
+        metrics["train/dead_groups_after"] = float(dead_places(trained).sum())
+        metrics["train/generation_rounds"] = float(rounds)
+        return trained, (RolloutBatch.cat(gave_way, k) if gave_way else None)
+
+    def _fresh_plan(self, n: int) -> RolloutPlan:
+        """K rollouts of each of the training stream's next `n` questions (they count as seen)."""
+        return plan_rollouts(self.trainer.datamodule.draw_questions(n), self.num_generations)
+
+    def _collect_round(self, plan: RolloutPlan, metrics: dict) -> RolloutBatch:
+        """A further generation round of `plan`, its tokens and seconds added to the step's."""
         fresh, collected = self._collect(plan, self.hparams.temperature)
         self.generated_tokens += int(collected["generated_tokens"])
         for key in ("timing/generation", "timing/reward"):
             metrics[key] += collected[key]
-        return refilled(rollouts, idle, plan, fresh, self.hparams.scale_rewards, self.sum_over_ranks)
+        return fresh
+
+    def _same_on_every_rank(self, value: int, reduce_op: str) -> int:
+        """`value` reduced over the ranks ("min" or "max"), so that every rank runs as many rounds."""
+        if self.trainer.world_size == 1:
+            return value
+        return int(self.trainer.strategy.reduce(torch.tensor(value, device=self.device), reduce_op=reduce_op))

@@ -1,12 +1,20 @@
-"""Refill (`ReplayCallback(placement="refill")`): after a step's fresh groups are scored, a group whose K
-rewards are all equal (no GRPO gradient, whatever the scaling) gives its place to a replayed question, its
-stored trajectory and K-1 rollouts sampled in a second, smaller generation round.
+"""Filling dead groups: after a step's groups are scored, a group whose K rewards are all equal (no GRPO
+gradient, whatever the scaling) gives its place to another group sampled in a further generation round.
+What fills the places is the one difference between three forms that share this code:
 
-    idle = idle_groups(rollouts.rewards, k)                  # [G] which groups would teach nothing
-    n = <min over ranks of min(idle.sum(), len(pool))>        # generation is collective under ZeRO-3
-    plan = refill_plan(pool, n, k)                            # the second round: K-1 rollouts of n questions
+- replay (`ReplayCallback(placement="refill")`): the pool's first replayed questions, each its stored
+  trajectory and K-1 new rollouts (`refill_plan`);
+- fresh refill (`ExGRPOModule(dynamic_sampling="refill")`): as many fresh questions of the training stream,
+  K rollouts each, placed whatever their rewards;
+- DAPO's dynamic sampling (`ExGRPOModule(dynamic_sampling="dapo")`, verl's `algorithm.filter_groups`): rounds
+  of a batch of fresh questions, of which only the groups whose rewards differ take places (`informative`).
+
+    places = dead_places(rollouts)                           # [G] groups that would teach nothing
+    n = <min over ranks of min(places.sum(), supply)>         # generation is collective under ZeRO-3
+    plan = refill_plan(pool, n, k)  or  plan_rollouts(questions, k)
     fresh = ...                                               # sample and score plan, as the first round
-    trained, gave_way = refilled(rollouts, idle, plan, fresh, "group")
+    trained, gave_way = placed(rollouts, places, assemble_groups(plan, fresh, "none"))
+    trained.advantages = group_advantages(trained.rewards, k, ...)   # once, over what is trained on
 
 Part of a step (see `exgrpo_pl.step.groups`); plain PyTorch, no Lightning and no model.
 """
@@ -22,6 +30,8 @@ from exgrpo_pl.step.assembly import assemble_groups
 from exgrpo_pl.step.losses import SumOverRanks, group_advantages
 from exgrpo_pl.step.plan import RolloutPlan, plan_rollouts
 
+DYNAMIC_SAMPLING = ("off", "refill", "dapo")
+
 
 def idle_groups(rewards: Tensor, k: int) -> Tensor:
     """`[G]` bool: the groups of `rewards` (`[G * K]`, groups contiguous) whose K rewards are all equal."""
@@ -29,40 +39,69 @@ def idle_groups(rewards: Tensor, k: int) -> Tensor:
     return (groups == groups[:, :1]).all(1)
 
 
+def dead_places(rollouts: RolloutBatch) -> Tensor:
+    """`[G]` bool: the groups that may give their place away: rewards all equal and no replayed row (a mixed
+    group's stored row must be trained on, as its step's experience)."""
+    k = rollouts.group_size
+    replayed = rollouts.replayed.view(-1, k).any(1)  # [G]
+    return idle_groups(rollouts.rewards, k) & ~replayed
+
+
 def refill_plan(pool: RolloutBatch, n: int, k: int) -> RolloutPlan:
-    """The second round: the pool's first `n` stored rows, K-1 rollouts of each, scored with the columns
-    stored with them (a mixed plan without fresh questions)."""
+    """The second round of replay's refill: the pool's first `n` stored rows, K-1 rollouts of each, scored
+    with the columns stored with them (a mixed plan without fresh questions)."""
     stored = pool.select(torch.arange(n))
     empty = {"prompt": [], "question_id": stored.question_ids[:0].cpu(), "answer": []}
     return plan_rollouts({**empty, "experience": Experience("mix", stored)}, k)
 
 
+def informative(groups: RolloutBatch, n: int) -> tuple[RolloutBatch, RolloutBatch]:
+    """(at most `n` groups of `groups` whose rewards differ, in order; the rest): DAPO's filter, whose
+    groups of equal rewards and whose informative groups beyond `n` are sampled but not trained on."""
+    k = groups.group_size
+    keep = (~idle_groups(groups.rewards, k)).nonzero().flatten()[:n]  # [<= n] group indices
+    chosen = torch.zeros(len(groups) // k, dtype=torch.bool, device=groups.rewards.device)
+    chosen[keep] = True
+    return _groups(groups, chosen), _groups(groups, ~chosen)
+
+
+def placed(rollouts: RolloutBatch, places: Tensor, groups: RolloutBatch) -> tuple[RolloutBatch, RolloutBatch]:
+    """(the rows to train on, the groups that gave way): the first `len(groups) / K` groups marked in
+    `places` give way to `groups`, which follow the groups that stay. Advantages are left to the caller,
+    computed once over what is trained on; the groups that gave way get advantage 0: they are evidence of
+    difficulty, not trained on."""
+    k = rollouts.group_size
+    gave = places.nonzero().flatten()[: len(groups) // k]  # [n] group indices
+    kept = torch.ones(len(places), dtype=torch.bool, device=places.device)
+    kept[gave] = False
+    gave_way = _groups(rollouts, ~kept)
+    gave_way.advantages = torch.zeros_like(gave_way.rewards)
+    trained = RolloutBatch.cat([_groups(rollouts, kept), groups.to(rollouts.question_ids.device)], k)
+    return trained, gave_way
+
+
 def refilled(
     rollouts: RolloutBatch,
-    idle: Tensor,
+    places: Tensor,
     plan: RolloutPlan,
     fresh: RolloutBatch,
     scale_rewards: str,
     sum_over_ranks: SumOverRanks | None = None,
 ) -> tuple[RolloutBatch, RolloutBatch]:
-    """(the rows to train on, the groups that gave way): the first `len(plan.experience)` idle groups of
-    `rollouts` give their places to `plan`'s mixed groups (each stored row, then its K-1 rows of `fresh`),
-    which follow the kept groups; advantages over the trained rows as `assemble_groups` computes them (a
-    "batch" std is that of the trained rows, every rank calling together). The groups that gave way keep
-    advantage 0: they are evidence of difficulty, not trained on."""
+    """(the rows to train on, the groups that gave way): the first groups marked in `places` give their
+    places to `plan`'s groups (a replayed question's stored row, then its K-1 rows of `fresh`; a fresh
+    question's K rows), placed whatever their rewards; advantages over the trained rows as
+    `assemble_groups` computes them (a "batch" std is that of the trained rows, every rank calling
+    together)."""
     k = rollouts.group_size
-    n = len(plan.experience)
-    gave = idle.nonzero().flatten()[:n]  # [n] group indices
-    kept = torch.ones(len(idle), dtype=torch.bool, device=idle.device)
-    kept[gave] = False
-    offsets = torch.arange(k, device=idle.device)
-
-    def rows(groups: Tensor) -> Tensor:  # [g] group indices -> [g * K] row indices
-        return (groups[:, None] * k + offsets).reshape(-1)
-
-    gave_way = rollouts.select(rows(gave), group_size=k)
-    gave_way.advantages = torch.zeros_like(gave_way.rewards)
-    mixed = assemble_groups(plan, fresh, "none").to(rollouts.question_ids.device)
-    trained = RolloutBatch.cat([rollouts.select(rows(kept.nonzero().flatten()), group_size=k), mixed], k)
+    trained, gave_way = placed(rollouts, places, assemble_groups(plan, fresh, "none"))
     trained.advantages = group_advantages(trained.rewards, k, scale_rewards, sum_over_ranks=sum_over_ranks)
     return trained, gave_way
+
+
+def _groups(rollouts: RolloutBatch, which: Tensor) -> RolloutBatch:
+    """The groups marked in `which` (`[G]` bool), as a batch of groups of K."""
+    k = rollouts.group_size
+    offsets = torch.arange(k, device=which.device)
+    rows = (which.nonzero().flatten()[:, None] * k + offsets).reshape(-1)  # [g * K]
+    return rollouts.select(rows, group_size=k)

@@ -62,7 +62,7 @@ def test_the_reported_comparisons_print_paired_differences_without_a_verdict():
         }
         for task in ("arithmetic", "reasoning")
     }
-    lines = reported_table(runs).splitlines()
+    lines = reported_table({"learning_yardstick": runs}).splitlines()
     row = next(line for line in lines if "| arithmetic |" in line)
     assert "ours: val pass@1, T=1: -2.0 ± 0.0; ID avg@4, T=0.6: -2.0 ± 0.0" in row
     assert "holds" not in row and "fails" not in row
@@ -81,11 +81,11 @@ def test_a_hypothesis_holds_only_when_every_comparison_holds():
         **runs_of("two", A=[0.50, 0.51, 0.52, 0.50, 0.51], B=[0.56, 0.58, 0.57, 0.56, 0.58]),
     }
     both = Hypothesis("H", "A at or above B", "at or above", (("one", "A", "B"), ("two", "A", "B")))
-    (decided,) = decide(runs, (both,))
+    (decided,) = decide({"learning_yardstick": runs}, (both,))
     assert [row["verdict"] for row in decided["comparisons"]] == ["holds", "fails"]
     assert decided["verdict"] == "fails"
     missing = Hypothesis("H", "A at or above B", "at or above", (("one", "A", "B"), ("three", "A", "B")))
-    assert decide(runs, (missing,))[0]["verdict"] == "not measured"
+    assert decide({"learning_yardstick": runs}, (missing,))[0]["verdict"] == "not measured"
 
 
 def test_the_recommended_preset_defers_only_when_deferring_holds_everywhere_and_wins_somewhere():
@@ -121,6 +121,19 @@ def test_a_hypothesis_that_asks_for_above_on_one_task_is_undecided_while_every_t
     runs = {**runs_of("one", **level), **runs_of("two", **level)}
     both_tasks = (("one", "A", "B"), ("two", "A", "B"))
     h6 = Hypothesis("H", "A at or above B, above on one", "at or above", both_tasks, above_on_one=True)
-    assert [row["verdict"] for row in decide(runs, (h6,))[0]["comparisons"]] == ["holds", "holds"]
-    assert decide(runs, (h6,))[0]["verdict"] == "undecided"
-    assert decide({**runs, **runs_of("two", **ahead)}, (h6,))[0]["verdict"] == "holds"
+    assert [row["verdict"] for row in decide({"learning_yardstick": runs}, (h6,))[0]["comparisons"]] == [
+        "holds",
+        "holds",
+    ]
+    assert decide({"learning_yardstick": runs}, (h6,))[0]["verdict"] == "undecided"
+    assert decide({"learning_yardstick": {**runs, **runs_of("two", **ahead)}}, (h6,))[0]["verdict"] == "holds"
+
+
+def test_a_hypothesis_reads_the_runs_of_its_own_results_file():
+    """H9 and H10 read the runs made at one commit (`ONE_COMMIT`), not the older rows of the same names."""
+    ahead = runs_of("t", A=[0.53, 0.52, 0.54, 0.53, 0.52], B=[0.50] * 5)
+    behind = runs_of("t", A=[0.45] * 5, B=[0.50] * 5)
+    own = Hypothesis("H", "A above B", "above", (("t", "A", "B"),), results="one commit")
+    files = {"learning_yardstick": behind, "one commit": ahead}
+    assert decide(files, (own,))[0]["verdict"] == "holds"
+    assert decide({"learning_yardstick": behind}, (own,))[0]["verdict"] == "not measured"

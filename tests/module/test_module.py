@@ -262,9 +262,25 @@ def test_a_training_step_reads_top_to_bottom_and_no_stage_calls_back_up(tiny_mod
     module = ("module/grpo.py", "module/sampling.py")  # the module's own files: it samples in the second
     from_module = [callee for caller, callee in walk.calls if caller in module and callee not in module]
     visits = [f for i, f in enumerate(from_module) if i == 0 or f != from_module[i - 1]]
-    # batch.py: the groups moved to the module's device (`RolloutBatch.to`)
-    assert visits == ["step/plan.py", "step/collect.py", "step/assembly.py", "batch.py", "step/update.py"]
-    stages = ["module/grpo.py", "step/plan.py", "step/collect.py", "step/assembly.py", "step/update.py"]
+    # step/refill.py: which groups are dead (none gives way without refill or dynamic sampling); batch.py:
+    # the groups moved to the module's device (`RolloutBatch.to`)
+    steps = [
+        "step/plan.py",
+        "step/collect.py",
+        "step/assembly.py",
+        "step/refill.py",
+        "batch.py",
+        "step/update.py",
+    ]
+    assert visits == steps
+    stages = [
+        "module/grpo.py",
+        "step/plan.py",
+        "step/collect.py",
+        "step/assembly.py",
+        "step/refill.py",
+        "step/update.py",
+    ]
     back = [
         (a, b) for a, b in walk.calls if a in stages and b in stages and stages.index(b) < stages.index(a)
     ]
