@@ -1,13 +1,15 @@
-"""The headline results table of the README and the learning page, read from the yardstick benchmark's file.
+"""The headline results tables of the README and the learning page, read from the yardstick benchmark's file.
 
 GRPO, the recommended preset and the paper's preset on the four tasks: final validation pass@1 at T = 1 with
 its 95% interval over seeds, at equal steps (the last validation) and at equal generated tokens (each curve
 read at the fewest tokens any run of the task generated), each preset's paired difference from GRPO, the
 seeds and the commits the rows ran at. Rows are looked up by variant name in
 benchmarks/results/learning_yardstick.json (written by `benchmarks/learning_yardstick.py`), so rerunning
-them changes the table, and the commits column says which code each row measured.
+them changes the table, and the commits column says which code each row measured. The learning page's
+verdict shows the same figures as differences from GRPO, one row a task (`gains_table`), and both pages say
+in words what they show (`verdict`).
 
-    python benchmarks/headline.py      # prints the table from the results file
+    python benchmarks/headline.py      # prints both tables and the words from the results file
 """
 
 from __future__ import annotations
@@ -63,6 +65,29 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+GAINS_HEADER = (
+    "| task | recommended vs GRPO, equal steps | at equal generated tokens | paper's preset vs GRPO, equal "
+    "steps | at equal generated tokens | seeds: GRPO, recommended, paper | commits, same order |"
+)
+
+
+def gains_table(results: dict) -> str:
+    """The learning page's verdict table: per task, each preset's paired difference from GRPO in points at
+    equal steps and at equal generated tokens, the seeds and the commits (`table`'s, one row a task)."""
+    lines = [GAINS_HEADER, "|---" * 7 + "|"]
+    for task, task_name in TASKS:
+        rows = [results["summary"][task][variant] for variant, _ in PRESETS]
+        gains = [
+            f"{row[figure]['vs_grpo'][0]:+.1f} ± {row[figure]['vs_grpo'][1]:.1f}"
+            for row in rows[1:]
+            for figure in (AT_EQUAL_STEPS, EQUAL_TOKENS)
+        ]
+        seeds = ", ".join(str(row["seeds"]) for row in rows)
+        ran_at = "; ".join(commits(results["runs"][task][variant]) for variant, _ in PRESETS)
+        lines.append(f"| {task_name} | " + " | ".join(gains) + f" | {seeds} | {ran_at} |")
+    return "\n".join(lines)
+
+
 WORDS = ("none", "one", "two", "three", "four")
 
 
@@ -96,7 +121,7 @@ def verdict(results: dict) -> list[str]:
 
 def main() -> None:
     results = json.loads((RESULTS / "learning_yardstick.json").read_text())
-    print(table(results), *verdict(results), sep="\n\n")
+    print(table(results), gains_table(results), *verdict(results), sep="\n\n")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The documentation pages' tables of results are the results files' (docs/learning.md from learning.json and
-learning_yardstick.json, docs/reliability.md from resume_exact.json and hostile_probes.json,
+learning_yardstick.json, its verdict too, docs/reliability.md from resume_exact.json and hostile_probes.json,
 docs/performance.md's quickstart row from quickstart_speed.json, docs/getting-started.md's spread of the
 quickstart over seeds from learning.json)."""
 
@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import headline  # noqa: E402
 import hostile_probes  # noqa: E402
 import resume_exact  # noqa: E402
 from learning import markdown_table, presets_table  # noqa: E402
@@ -114,3 +115,31 @@ def test_the_getting_started_page_quotes_the_quickstart_over_seeds():
         sentence in p and "`python benchmarks/learning.py --jobs 2 --tasks reasoning`" in p
         for p in paragraphs
     ), f"docs/getting-started.md should say {sentence!r} beside the command that measured it"
+
+
+def test_the_learning_page_opens_with_its_verdict_from_the_results_file():
+    """The first screen of docs/learning.md: which preset, what it buys (the table and the words rendered from
+    learning_yardstick.json by benchmarks/headline.py), and how much of the gain is replay's."""
+    from hypotheses import DECIDING, paired
+
+    page = (ROOT / "docs" / "learning.md").read_text()
+    assert page.startswith("# Learning results\n\n## The verdict\n")
+    verdict = page.split("\n## The record\n")[0]
+    assert len(verdict.splitlines()) <= 40, "the verdict should fit one screen"
+    results = json.loads((ROOT / "benchmarks" / "results" / "learning_yardstick.json").read_text())
+    assert headline.gains_table(results) in verdict
+    words = " ".join(verdict.split())
+    runs = results["runs"]
+    without_replay = {  # join on one pass never replays: the recommended module without replay
+        task: " and ".join(
+            "{:+.1f} ± {:.1f}".format(*paired(runs, task, "ExGRPO recommended", "recommended, join", column))
+            for column in DECIDING
+        )
+        for task in ("weak_start", "reasoning")
+    }
+    for phrase in [
+        *headline.verdict(results),
+        f"refill ends {without_replay['weak_start']} points higher on the weak start",
+        f"and {without_replay['reasoning']} on the reasoning task",
+    ]:
+        assert phrase in words, f"docs/learning.md's verdict should say {phrase!r}"
