@@ -34,9 +34,11 @@ from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
 from exgrpo_pl.callbacks.monitor import HEATMAP_TAG
 from exgrpo_pl.checkpoints.atomic_writes import local_path, write_files_atomically
 from exgrpo_pl.checkpoints.export import main as export_main
+from exgrpo_pl.checkpoints.requeue import check_requeue, requeued_ckpt_path, slurm_plugins
 from exgrpo_pl.checkpoints.saving import AtomicCheckpointIO, SafeModelCheckpoint, check_loadable
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.evaluation.report import report_files, to_markdown
+from exgrpo_pl.lightning_internals import spawns_processes
 from exgrpo_pl.module.grpo import ExGRPOModule
 from exgrpo_pl.moved import ModuleMovedError, MovedModuleWarning, moved_message, old_paths_in, removed
 
@@ -54,7 +56,9 @@ class ExGRPOCLI(LightningCLI):
     ends, a TensorBoard link that opens on the run's main charts (`dashboard_link`).
 
     (The module itself checks the strategy against the trainer in `setup`, so plain `Trainer` runs get the
-    same check.)
+    same check.) `ddp_spawn` is refused before anything starts (`SPAWN_REFUSED`). Under SLURM, Lightning's
+    auto-requeue is off and a requeued job resumes from the newest complete checkpoint
+    (`exgrpo_pl.checkpoints.requeue`).
 
     Resuming, the run's own options stand: LightningCLI would replace the model's options, ones given on the
     command line too, with a checkpoint file's hyperparameters (not for `last`, which it cannot resolve
@@ -101,7 +105,11 @@ class ExGRPOCLI(LightningCLI):
             root = os.path.normpath(os.path.expanduser(trainer_config.get("default_root_dir") or os.getcwd()))
             job = SLURMEnvironment.job_id()  # Lightning's default logger's version
             kwargs["logger"] = RunLogger(root, version=job, default_hp_metric=False)
+        kwargs["plugins"] = slurm_plugins(kwargs.get("plugins", trainer_config.get("plugins")))
         trainer = super().instantiate_trainer(**kwargs)
+        check_requeue(trainer)
+        if spawns_processes(trainer.strategy):
+            raise ValueError(SPAWN_REFUSED)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not a user's
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
@@ -111,6 +119,10 @@ class ExGRPOCLI(LightningCLI):
         # strategy has not set the ranks yet (every process would be global zero): the launcher's are read.
         if rank_zero_only.rank == 0 and self._dashboard_lines():
             print("\n".join(["", "Training starts.", *self._dashboard_lines()]))
+        config = self.config_init[self.subcommand]
+        config["ckpt_path"], requeued = requeued_ckpt_path(self.trainer, config.get("ckpt_path"))
+        if requeued and rank_zero_only.rank == 0:
+            print(requeued)
 
     def after_fit(self) -> None:
         trainer = self.trainer
@@ -154,6 +166,14 @@ class ExGRPOCLI(LightningCLI):
         write_files_atomically(files)  # both or neither: a full disk leaves the previous run's pair whole
         json_path, markdown_path = files
         print(f"  table:       {json_path}\n               {markdown_path}")
+
+
+SPAWN_REFUSED = (
+    "trainer.strategy: ddp_spawn (a strategy that starts its processes by pickling the trainer, model and"
+    " data into new interpreters) is not supported by exgrpo; use `--trainer.strategy ddp`, which starts"
+    " one process per device running the same command (or launch with torchrun or srun:"
+    " docs/several-nodes.md)."
+)
 
 
 class RunLogger(TensorBoardLogger):

@@ -13,6 +13,9 @@ before a change underneath silently brings Lightning's own behaviour back.
 - `batches_that_stepped`, `should_update_logs`: Lightning's logging-step count.
 - `attached_trainer`: a LightningModule's trainer, or None where the public property raises.
 - `deepspeed_config_filled_in`: whether the DeepSpeed strategy has filled its config in.
+- `forget_step_metrics`: a metric a training step does not log is not written with its last value.
+- `cluster_environment`: the trainer's cluster environment, which decides whether SLURM's requeue is handled.
+- `spawns_processes`: whether the strategy starts its processes by pickling the trainer (`ddp_spawn`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import math
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 from lightning.pytorch.trainer.connectors.data_connector import (
     _parse_num_batches,
     _process_dataloader,
@@ -257,3 +261,35 @@ def deepspeed_config_filled_in(strategy) -> bool:
     """Whether Lightning's DeepSpeed strategy has filled its config in from the trainer; False for any other
     strategy (2.6.6: `DeepSpeedStrategy._config_initialized`, set once `_format_config` has run)."""
     return getattr(strategy, "_config_initialized", False)
+
+
+def spawns_processes(strategy) -> bool:
+    """Whether the strategy starts its processes in new interpreters that unpickle the trainer, module and
+    data (`ddp_spawn`; 2.6.6: a `_MultiProcessingLauncher` whose `_start_method` is not "fork")."""
+    launcher = getattr(strategy, "launcher", None)
+    return isinstance(launcher, _MultiProcessingLauncher) and launcher._start_method != "fork"
+
+
+def cluster_environment(trainer) -> Any:
+    """The cluster environment the trainer detected or was given, for every strategy (a single-device one
+    has none of its own, yet Lightning's signal handlers read it; 2.6.6:
+    `trainer._accelerator_connector.cluster_environment`)."""
+    return trainer._accelerator_connector.cluster_environment
+
+
+def forget_step_metrics(trainer, fx: str, names) -> None:
+    """Leaves `names`, logged from hook `fx` on an earlier step, out of what this step writes: Lightning keeps
+    every metric logged in the epoch and writes each, with its last value, at every logging step until the
+    epoch ends, so a metric a step does not log would repeat the last step's (2.6.6: `trainer._results`,
+    keyed "<fx>.<name>", writes only entries whose `has_reset` is False, set again when the name is logged).
+
+    Args:
+        trainer: the running trainer.
+        fx: the hook the names were logged from (`on_train_batch_end`).
+        names: the metric names not logged on this step.
+    """
+    results = trainer._results
+    for name in names:
+        metric = results.get(f"{fx}.{name}") if results is not None else None
+        if metric is not None:
+            metric.has_reset = True

@@ -291,3 +291,14 @@ def test_a_full_disk_leaves_the_previous_runs_report_and_config_whole_and_names_
     kept = ["config.yaml"] if full == "config.yaml" else ["test.json", "test.md"]  # config: new, written
     assert {name: (tmp_path / name).read_text() for name in kept} == {name: files[name] for name in kept}
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+@pytest.mark.parametrize("config", [None, "grpo_baseline"])
+def test_ddp_spawn_is_refused_before_anything_starts_naming_ddp(tiny_args, config):
+    """Its processes would unpickle the trainer, model and data (the quickstart's tensors fail to, and so
+    does the config writer); `ddp` runs the same command once per device instead."""
+    preset = ["--config", str(Path(__file__).parents[1] / "configs" / f"{config}.yaml")] if config else []
+    spawn = ["--trainer.strategy=ddp_spawn", "--trainer.devices=2"]
+    refused = "ddp_spawn .* not supported by exgrpo; use `--trainer.strategy ddp`"
+    with pytest.raises(ValueError, match=refused):
+        ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=[*preset, *tiny_args, *spawn])

@@ -176,6 +176,38 @@ def test_the_module_and_strategy_attributes_relied_on_are_there():
     assert lightning_internals.deepspeed_config_filled_in(object()) is False
 
 
+@pytest.mark.parametrize("strategy, spawns", [("ddp_spawn", True), ("ddp_fork", False), ("ddp", False)])
+def test_the_launchers_start_method_is_where_it_was_read(strategy, spawns):
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False)
+    assert lightning_internals.spawns_processes(trainer.strategy) is spawns
+
+
+def test_a_single_device_trainer_has_the_cluster_environment_its_signal_handlers_read():
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False)
+    assert not hasattr(trainer.strategy, "cluster_environment")
+    assert "_accelerator_connector.cluster_environment" in inspect.getsource(
+        type(trainer._signal_connector).register_signal_handlers
+    )
+    assert (
+        lightning_internals.cluster_environment(trainer) is trainer._accelerator_connector.cluster_environment
+    )
+
+
+def test_a_metric_marked_reset_is_left_out_of_what_a_step_writes_until_logged_again():
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
+
+    assert "has_reset" in inspect.getsource(_ResultCollection.valid_items)
+    assert "has_reset = False" in inspect.getsource(_ResultCollection.update_metrics)
+    assert 'key = f"{fx}.{name}"' in inspect.getsource(_ResultCollection.log)
+    results = _ResultCollection(training=True)
+    results.log("on_train_batch_end", "train/reward", torch.tensor(1.0), on_step=True, on_epoch=False)
+    trainer = type("Trainer", (), {"_results": results})()
+    lightning_internals.forget_step_metrics(trainer, "on_train_batch_end", ["train/reward", "never/logged"])
+    assert "train/reward" not in results.metrics(on_step=True)["log"]
+    results.log("on_train_batch_end", "train/reward", torch.tensor(0.5), on_step=True, on_epoch=False)
+    assert results.metrics(on_step=True)["log"]["train/reward"] == 0.5
+
+
 def private_names(*objects) -> set[str]:
     return {
         name for obj in objects for name in dir(obj) if name.startswith("_") and not name.startswith("__")

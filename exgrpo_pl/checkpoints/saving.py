@@ -52,6 +52,7 @@ from exgrpo_pl.checkpoints.integrity import (
     incomplete_reason,
     newest_complete_checkpoint,
 )
+from exgrpo_pl.checkpoints.requeue import check_same_resume
 from exgrpo_pl.lightning_internals import ModelCheckpointHooks
 
 __all__ = [
@@ -180,6 +181,8 @@ class SafeModelCheckpoint(ModelCheckpointHooks):
       the previous one is removed: it never goes missing or dangles.
     - Clears the temp files of killed saves from those directories at setup.
     - Marks a DeepSpeed checkpoint folder complete (`COMPLETE_MARKER`) once every rank has written its part.
+    - Stops every rank at setup when the ranks resolved "last" to different checkpoints (nodes that do not
+      share the checkpoint folder), naming each rank's (`check_same_resume`), where they would hang.
 
     Lightning's public callback hooks do the first two and the setup; the rest are hooks of
     `exgrpo_pl.lightning_internals.ModelCheckpointHooks`, which holds the overrides of Lightning's private
@@ -190,6 +193,7 @@ class SafeModelCheckpoint(ModelCheckpointHooks):
         super().__init__(*args, **kwargs)
         self._logger_dirs = self.dirpath is None
         self._step_began = False  # whether a training step of this fit has begun (for `on_exception`)
+        self._resolved_last: tuple[str | None, list[str] | None] | None = None  # "last" of this fit, if asked
 
     def _checkpoint_dirs(self, trainer) -> list[str] | None:
         """Where this callback's checkpoints are (all logger versions without a dirpath); None when remote."""
@@ -209,6 +213,9 @@ class SafeModelCheckpoint(ModelCheckpointHooks):
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         self._step_began = False
+        if self._resolved_last is not None:  # resolved by this fit, before the ranks could compare
+            resolved, self._resolved_last = self._resolved_last, None
+            check_same_resume(*resolved)
         if trainer.is_global_zero:
             for directory in {self.dirpath, *(self._checkpoint_dirs(trainer) or [])}:
                 if local_path(directory) is not None:
@@ -295,6 +302,7 @@ class SafeModelCheckpoint(ModelCheckpointHooks):
         if directories is None:
             return None
         newest = newest_complete_checkpoint(directories)
+        self._resolved_last = (newest, directories)
         return {newest} if newest is not None else set()
 
     @override
