@@ -38,8 +38,12 @@ def step_metrics(
 ) -> dict[str, Tensor]:
     """A training step's metrics under TRL's names (`train/*`), plus its `timing/*` seconds.
 
-    `train/pass@1` (the share of correct rows) is left out when the step's rewards are its correctness
-    (a 0/1 verifier): it would repeat `train/reward` point for point.
+    The rewards (`train/reward`, `train/pass@1`, `train/reward_std`, `train/frac_reward_zero_std`) are those
+    of the step's fresh rows, sampled from the current policy: replayed rows were stored because they were
+    correct, and would lift the curve by what the buffer holds. A step without fresh rows (a swap replay
+    step) has none of them; the spread is that of the groups whose rows are all fresh. `train/pass@1` (the
+    share of correct rows) is left out when the step's rewards are its correctness (a 0/1 verifier): it
+    would repeat `train/reward` point for point.
 
     Args:
         rollouts: what the step trained on.
@@ -51,16 +55,21 @@ def step_metrics(
     metrics = {
         **{key: torch.as_tensor(float(value)) for key, value in timings.items()},
         **{f"train/{key}": torch.as_tensor(value, dtype=torch.float32) for key, value in stats.items()},
-        "train/reward": rollouts.rewards.mean(),
         "train/completions/mean_length": rollouts.completion_lengths.float().mean(),
         "train/completions/clipped_ratio": truncated.float().mean(),
         "train/entropy": rollouts.entropy.mean(),
     }
-    correct = rollouts.correct.float()
-    if not torch.equal(rollouts.rewards.float(), correct):
+    fresh = ~rollouts.replayed
+    if not bool(fresh.any()):
+        return metrics
+    rewards, correct = rollouts.rewards[fresh].float(), rollouts.correct[fresh].float()
+    metrics["train/reward"] = rewards.mean()
+    if not torch.equal(rewards, correct):
         metrics["train/pass@1"] = correct.mean()
     if rollouts.group_size > 1:  # a swap batch has no groups
-        group_std = rollouts.rewards.view(-1, rollouts.group_size).std(1)
-        metrics["train/reward_std"] = group_std.mean()
-        metrics["train/frac_reward_zero_std"] = (group_std == 0).float().mean()
+        whole = fresh.view(-1, rollouts.group_size).all(1)  # a mixed group holds one stored row
+        if bool(whole.any()):
+            group_std = rollouts.rewards.view(-1, rollouts.group_size)[whole].std(1)
+            metrics["train/reward_std"] = group_std.mean()
+            metrics["train/frac_reward_zero_std"] = (group_std == 0).float().mean()
     return metrics
