@@ -162,12 +162,15 @@ def write_files_atomically(contents: Mapping[str | os.PathLike, str]) -> None:
     """Writes text files together: each into a temp file next to it, and only once every one is written,
     each renamed over its final path, so an error or a full disk leaves every old file as it was.
 
-    A kill leaves each file old or new, never partial; only a kill between two renames (microseconds,
-    after every byte is on disk) leaves some files new and the others old. Stale temp files in the files'
-    directories are deleted first; missing directories are made.
+    A kill leaves each file old or new, never partial; a kill between two renames (after every byte is on
+    disk) leaves the files renamed so far new and the others old, with the others' temp files, which the
+    next write into the directory deletes. The first file is renamed last: it is the set's commit point,
+    and can name the others (as `exgrpo test`'s JSON names its Markdown's digest), so a reader tells a
+    mixed set from a whole one. Stale temp files in the files' directories are deleted first; missing
+    directories are made.
 
     Args:
-        contents: final local path -> its text (UTF-8).
+        contents: final local path -> its text (UTF-8); the first is renamed into place last.
 
     Raises:
         OutOfSpaceError: the filesystem filled up (the temp files are deleted, no file is replaced).
@@ -185,7 +188,7 @@ def write_files_atomically(contents: Mapping[str | os.PathLike, str]) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(temp)
         raise
-    _replace_all(temps)
+    _replace_all(dict(reversed(temps.items())))
 
 
 class OutOfSpaceError(OSError):

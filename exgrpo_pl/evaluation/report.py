@@ -8,6 +8,7 @@ pass@1 for one sample per problem, as the paper reports every benchmark (avg@32 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -102,12 +103,28 @@ def to_markdown(table: Mapping) -> str:
 def report_files(table: Mapping, directory: str | Path, name: str = "evaluation") -> dict[Path, str]:
     """`<name>.json` and `<name>.md` in `directory` -> their text (the table as JSON, and `to_markdown`).
 
-    Nothing is written here: `exgrpo validate` and `exgrpo test` write both files together with
-    `exgrpo_pl.checkpoints.atomic_writes.write_files_atomically`, so a full disk or a kill never leaves a cut
-    file, nor one run's JSON beside another run's Markdown.
+    The JSON also holds `markdown_sha256`, the SHA-256 of the Markdown written with it. Nothing is written
+    here: `exgrpo validate` and `exgrpo test` write both files together with
+    `exgrpo_pl.checkpoints.atomic_writes.write_files_atomically`, the JSON renamed into place last, so a full
+    disk or a kill never leaves a cut file, and a kill between the two renames (the one moment a new
+    Markdown can sit beside the previous JSON) leaves a JSON whose digest is not the Markdown's
+    (`report_is_whole`).
     """
     directory = Path(directory)
+    markdown = to_markdown(table)
+    digest = hashlib.sha256(markdown.encode()).hexdigest()
     return {
-        directory / f"{name}.json": json.dumps(table, indent=1) + "\n",
-        directory / f"{name}.md": to_markdown(table),
+        directory / f"{name}.json": json.dumps({**table, "markdown_sha256": digest}, indent=1) + "\n",
+        directory / f"{name}.md": markdown,
     }
+
+
+def report_is_whole(json_path: str | Path, markdown_path: str | Path) -> bool:
+    """Whether the Markdown table is the one its JSON was written with (the JSON names its SHA-256).
+
+    Args:
+        json_path: the report's JSON (`test.json`).
+        markdown_path: its Markdown (`test.md`).
+    """
+    recorded = json.loads(Path(json_path).read_text()).get("markdown_sha256")
+    return recorded == hashlib.sha256(Path(markdown_path).read_bytes()).hexdigest()

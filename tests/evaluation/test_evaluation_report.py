@@ -1,10 +1,15 @@
 """The paper's table: rows per set and domain, the averages over whole sets, JSON and Markdown."""
 
+import hashlib
 import json
+import os
+from pathlib import Path
 
 import pytest
 
-from exgrpo_pl.evaluation.report import build_table, report_files, to_markdown
+from exgrpo_pl.checkpoints import atomic_writes
+from exgrpo_pl.checkpoints.atomic_writes import write_files_atomically
+from exgrpo_pl.evaluation.report import build_table, report_files, report_is_whole, to_markdown
 
 RESULTS = {
     "aime24": {"avg@32": 0.25, "pass@32": 0.6, "pass@1": 0.25, "mean_length": 812.4, "problems": 30.0},
@@ -58,4 +63,28 @@ def test_markdown_and_json_land_next_to_each_other(tmp_path):
     ]
     (json_path, text), (markdown_path, md) = report_files(table, tmp_path / "logs", "test").items()
     assert json_path == tmp_path / "logs" / "test.json" and markdown_path == tmp_path / "logs" / "test.md"
-    assert json.loads(text) == table and md == markdown
+    digest = hashlib.sha256(markdown.encode()).hexdigest()
+    assert json.loads(text) == {**table, "markdown_sha256": digest} and md == markdown
+
+
+def test_a_kill_between_the_renames_leaves_a_json_that_does_not_name_the_markdown(tmp_path, monkeypatch):
+    """The Markdown is renamed into place first, the JSON, which names the Markdown's digest, last."""
+    table = {"rows": {"held": {"avg@4": 0.5, "problems": 4}}, "averages": {}}
+    files = report_files(table, tmp_path, "test")
+    write_files_atomically(files)
+    assert report_is_whole(*files)
+    renamed = []
+
+    def killed_after_the_first(source, target):
+        if renamed:
+            raise KeyboardInterrupt  # as far as the disk goes, a kill between the two renames
+        renamed.append(Path(target).name)
+        os.rename(source, target)
+
+    monkeypatch.setattr(atomic_writes.os, "replace", killed_after_the_first)
+    new = report_files({"rows": {"held": {"avg@2": 0.25, "problems": 4}}, "averages": {}}, tmp_path, "test")
+    with pytest.raises(KeyboardInterrupt):
+        write_files_atomically(new)
+    assert renamed == ["test.md"] and (tmp_path / "test.md").read_text() == new[tmp_path / "test.md"]
+    assert json.loads((tmp_path / "test.json").read_text())["rows"]["held"]["avg@4"] == 0.5  # the previous
+    assert not report_is_whole(*files)
