@@ -27,6 +27,23 @@ def _reduced(trainer: Trainer, value: int, op: str) -> int:
     return int(reduced)
 
 
+def totals_and_means(trainer: Trainer, totals: dict[str, float], means: dict[str, float]) -> dict[str, float]:
+    """`totals` summed and `means` averaged over all ranks, in one all-reduce, as floats. Every rank must
+    pass the same names, in the same order.
+
+    Args:
+        trainer: the running trainer.
+        totals: name -> this rank's number, to sum.
+        means: name -> this rank's number, to average.
+    """
+    values = [float(value) for value in [*totals.values(), *means.values()]]
+    if trainer.world_size > 1:
+        summed = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
+        summed = trainer.strategy.reduce(summed, reduce_op="sum").tolist()
+        values = summed[: len(totals)] + [value / trainer.world_size for value in summed[len(totals) :]]
+    return dict(zip([*totals, *means], values))
+
+
 def all_ranks(trainer: Trainer, flag: bool) -> bool:
     """True when `flag` holds on every rank, so every rank takes the same branch."""
     if trainer.world_size == 1:

@@ -20,6 +20,7 @@ from typing_extensions import override
 from exgrpo_pl.callbacks import placement, replay_checks, replay_state
 from exgrpo_pl.callbacks.collectives import all_ranks, min_across_ranks, union_across_ranks
 from exgrpo_pl.callbacks.global_rng import global_rng_state, restore_global_rng_state
+from exgrpo_pl.callbacks.replay_metrics import replay_metrics
 from exgrpo_pl.callbacks.rescoring import Rescoring
 from exgrpo_pl.checkpoints.resume import resumable_fit_progress, settle_resumed_step_count
 from exgrpo_pl.contract import Experience, ReplayableModule, StepChecker
@@ -311,33 +312,7 @@ class ReplayCallback(Callback):
     def _log(self, trainer: Trainer, pl_module: LightningModule, rollouts) -> None:
         if not writes_step_metrics(trainer):  # only when a logger will see it: tier counts scan the buffer
             return
-        replayed = rollouts.replayed
-        questions = rollouts.question_ids.unique().numel()
-        metrics = {
-            "replay/active": float(self.replay_active(trainer)),
-            # A mixed group is one stored row and K-1 fresh ones: the share of questions is what mix_fraction
-            # sets, the share of rows what the loss sees.
-            "replay/question_fraction": rollouts.question_ids[replayed].unique().numel() / max(questions, 1),
-            "replay/row_fraction": replayed.float().mean().item(),
-            "replay/buffer_size": float(len(self.buffer)),
-            "replay/retired": float(len(self.buffer.bucketer.retired)),
-            "replay/fallback_steps": float(self.fallback_steps),
-            "replay/replayed_steps": float(self.replayed_steps),
-            "replay/forced_fresh_steps": float(self.forced_fresh_steps),
-            **self.last_timings,
-        }
-        if self.placement != "displace":  # one stored row in each joined or refilled group
-            metrics[placement.GROUPS_METRIC[self.placement]] = float(replayed.sum())
-        if self.defers:  # waiting: where the datamodule says (PromptDataModule.deferred_waiting)
-            waiting = getattr(trainer.datamodule, "deferred_waiting", None)
-            if waiting is not None:
-                metrics["replay/deferred_questions"] = float(waiting)
-            metrics["replay/deferred_total"] = float(self.deferred_total)
-        if bool(replayed.any()):
-            staleness = trainer.global_step - rollouts.policy_version[replayed].float()
-            metrics["replay/staleness"] = staleness.mean().item()
-        for tier, count in enumerate(self.buffer.stats()["tier_counts"].tolist()):
-            metrics[f"replay/tier_{tier}"] = float(count)
+        metrics = replay_metrics(self, trainer, rollouts)  # over all ranks
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollouts))
 
     # ---------------------------------------------------------------------------- checkpoints
