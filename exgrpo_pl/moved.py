@@ -5,7 +5,8 @@ now live in folders that show its architecture (`experience/`, `step/`, `module/
 maps each old module to its new one. `OldPathFinder`, which `exgrpo_pl/__init__.py` puts first on
 `sys.meta_path` (before a finder that could find an older copy of the file that an editable install still
 maps), answers exactly those names: until `REMOVED_IN` with a stand-in module that warns
-(`MovedModuleWarning`, a `DeprecationWarning` shown by default, as Lightning shows its own) and hands out the
+(`MovedModuleWarning`, a `FutureWarning`: shown by default, as pandas and NumPy show their deprecations,
+without touching the process's warning filters) and hands out the
 new module's names, and from that version on with `ModuleMovedError`. `exgrpo_pl.cli` checks its config files
 and arguments against the same table before it parses them (`old_paths_in`), so a config's old `class_path`
 is named with its file and line.
@@ -100,8 +101,10 @@ def removed() -> bool:
     return _release(VERSION) >= _release(REMOVED_IN)
 
 
-class MovedModuleWarning(DeprecationWarning):
-    """An old module path was used; it works until `REMOVED_IN`. Shown by default (`install`)."""
+class MovedModuleWarning(FutureWarning):
+    """An old module path was used; it works until `REMOVED_IN`. A `FutureWarning`, which Python shows by
+    default, so the package changes no warning filter: `-W error::FutureWarning` (or `error::` this class)
+    makes it an error in a test run."""
 
 
 _DOTTED = re.compile(r"(?<![\w.])exgrpo_pl(?:\.\w+)+")
@@ -172,11 +175,9 @@ def _public(module) -> list[str]:
 
 def install() -> None:
     """Put an `OldPathFinder` first on `sys.meta_path` (once): before the finders that could find an older
-    copy of an old module, such as an editable install's; and show `MovedModuleWarning` by default, which
-    Python would hide outside `__main__` as it hides every `DeprecationWarning`."""
+    copy of an old module, such as an editable install's."""
     if not any(isinstance(finder, OldPathFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, OldPathFinder())
-        warnings.simplefilter("default", MovedModuleWarning)
 
 
 def old_paths_in(text: str) -> list[tuple[str, str]]:

@@ -44,7 +44,7 @@ def after_removal(monkeypatch, not_imported):
 def test_an_old_module_path_works_and_warns_naming_the_new_one(old, not_imported):
     with pytest.warns(MovedModuleWarning, match=rf"^{old} moved to {MOVED[old]}\b") as record:
         module = importlib.import_module(old)
-    assert issubclass(MovedModuleWarning, DeprecationWarning)
+    assert issubclass(MovedModuleWarning, FutureWarning)  # shown by default, no filter installed
     assert str(record[0].message).endswith(
         f"(the old path is deprecated and is removed in exgrpo-pl {REMOVED_IN})"
     )
@@ -128,6 +128,20 @@ def test_a_fresh_interpreter_shows_the_warning_at_the_importing_line():
         "<string>:2: MovedModuleWarning: exgrpo_pl.strategies moved to exgrpo_pl.module.strategies (the old "
         f"path is deprecated and is removed in exgrpo-pl {REMOVED_IN})"
     ]
+
+
+def test_importing_the_package_leaves_the_users_warning_filters_alone_so_the_warning_can_be_an_error():
+    script = (  # torch and numpy add filters of their own at import; this package adds none
+        "import warnings\nimport exgrpo_pl\n"
+        "assert not any('exgrpo' in f[2].__module__ for f in warnings.filters), warnings.filters\n"
+        "import exgrpo_pl.strategies"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error::FutureWarning", "-c", script], capture_output=True, text=True
+    )
+    assert done.returncode == 1 and done.stderr.splitlines()[-1].startswith(
+        "exgrpo_pl.moved.MovedModuleWarning: exgrpo_pl.strategies moved to exgrpo_pl.module.strategies"
+    ), done.stderr
 
 
 def test_an_older_copy_of_an_old_module_is_not_imported(tmp_path, monkeypatch, not_imported):
