@@ -1,11 +1,14 @@
-"""What refill costs in generation: GRPO, the recommended preset with `placement: displace` (the paper's mix)
-and the recommended preset as shipped (`placement: refill`), side by side on one task and seed.
+"""What filling dead groups costs in generation, side by side on one task and seed: GRPO, the recommended
+preset with `placement: displace` (the paper's mix) and as shipped (`placement: refill`: replayed questions
+in dead groups' places, a second generation round), its fresh twin (`dynamic_sampling: refill`, fresh
+questions in those places, no replay) and DAPO's dynamic sampling on GRPO (`dynamic_sampling: dapo`, rounds
+of a batch until no dead group is left, at most 10).
 
-Each variant trains `--steps` steps of its shipped preset (configs/grpo_baseline.yaml, configs/exgrpo.yaml)
-on the task of the learning benchmark (benchmarks/learning.py `task_overlay`), and records per step the
-completion tokens generated (both rounds of a refill step) and the wall time from one batch start to the
-next, and the groups refilled. Prints each variant's means and their ratios to GRPO's, over all steps and
-over the steps that refilled, and writes benchmarks/results/refill_cost.json.
+Each variant is the learning benchmark's of that name (benchmarks/learning.py `VARIANTS`), trained `--steps`
+steps on its task (`task_overlay`), and records per step the completion tokens generated (every round), the
+wall time from one batch start to the next, the groups whose places were filled and the generation rounds.
+Prints each variant's means and their ratios to GRPO's, over all steps and over the steps that took more
+than one round, and writes benchmarks/results/refill_cost.json.
 
     python benchmarks/refill_cost.py --steps 60                 # arithmetic, seed 0: about 5 min on 2 cores
     python benchmarks/refill_cost.py --task small_pool --steps 40
@@ -22,7 +25,8 @@ from pathlib import Path
 
 import torch
 import yaml
-from learning import ROOT, TASKS, _replay_callback, task_overlay
+from learning import ROOT, TASKS, task_overlay
+from learning import VARIANTS as LEARNING_VARIANTS
 from lightning.pytorch import Callback
 
 from exgrpo_pl.cli import ExGRPOCLI
@@ -30,34 +34,39 @@ from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
 
 RESULTS = ROOT / "benchmarks" / "results"
-# name -> (preset, the ReplayCallback placement it is run with)
+# name here -> the learning benchmark's variant
 VARIANTS = {
-    "GRPO": ("grpo_baseline", None),
-    "displace": ("exgrpo", "displace"),
-    "refill": ("exgrpo", "refill"),
+    "GRPO": "GRPO",
+    "displace": "recommended, displace",
+    "refill": "ExGRPO recommended",
+    "fresh refill": "recommended, fresh refill",
+    "dynamic sampling": "GRPO, dynamic sampling",
 }
 
 
 class Meter(Callback):
-    """Per step: (completion tokens generated, seconds from this batch start to the next, groups refilled)."""
+    """Per step: (completion tokens generated, seconds from this batch start to the next, groups whose
+    places were filled, generation rounds)."""
 
     def __init__(self) -> None:
-        self.steps: list[tuple[int, float, int]] = []
-        self._started, self._tokens, self._refilled = None, 0, 0
+        self.steps: list[tuple[int, float, int, int]] = []
+        self._started, self._tokens, self._filled, self._rounds = None, 0, 0, 1
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         now = time.perf_counter()
         if self._started is not None:
             tokens = pl_module.generated_tokens - self._tokens
-            self.steps.append((tokens, now - self._started, self._refilled))
+            self.steps.append((tokens, now - self._started, self._filled, self._rounds))
         self._started, self._tokens = now, pl_module.generated_tokens
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._refilled = len(outputs.get("gave_way") or ()) // pl_module.num_generations
+        metrics = pl_module.last_step_metrics
+        self._filled = int(metrics["train/dead_groups_before"] - metrics["train/dead_groups_after"])
+        self._rounds = int(metrics["train/generation_rounds"])
 
 
-def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tuple[int, float, int]]:
-    preset, placement = VARIANTS[name]
+def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tuple[int, float, int, int]]:
+    preset, change, _ = LEARNING_VARIANTS[VARIANTS[name]]
     overlay = task_overlay(task)
     overlay.setdefault("trainer", {}).update(max_steps=steps + 1, val_check_interval=None)
     workdir.mkdir(parents=True)
@@ -69,26 +78,27 @@ def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tupl
         "--model.validate_at_start=false", f"--trainer.default_root_dir={workdir}",
     ]  # fmt: skip
     cli = ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=args)
-    if placement is not None:
-        _replay_callback(cli).placement = placement
+    if change is not None:
+        change(cli)
     meter = Meter()
     cli.trainer.callbacks.insert(0, meter)  # first: its batch start precedes the replay callback's sampling
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return meter.steps
 
 
-def summary(steps: list[tuple[int, float, int]], grpo: list[tuple[int, float, int]]) -> dict:
+def summary(steps: list[tuple[int, float, int, int]], grpo: list[tuple[int, float, int, int]]) -> dict:
     tokens, seconds = statistics.mean(s[0] for s in steps), statistics.mean(s[1] for s in steps)
-    refilling = [s for s in steps if s[2]]
+    further = [s for s in steps if s[3] > 1]  # steps with a further generation round
     out = {
         "tokens_per_step": tokens, "seconds_per_step": seconds,
         "tokens_vs_grpo": tokens / statistics.mean(s[0] for s in grpo),
         "seconds_vs_grpo": seconds / statistics.mean(s[1] for s in grpo),
-        "refilling_steps": len(refilling), "refilled_groups_per_step": statistics.mean(s[2] for s in steps),
+        "refilling_steps": len(further), "refilled_groups_per_step": statistics.mean(s[2] for s in steps),
+        "rounds_per_step": statistics.mean(s[3] for s in steps),
     }  # fmt: skip
-    if refilling:
-        out["tokens_per_refilling_step"] = statistics.mean(s[0] for s in refilling)
-        out["seconds_per_refilling_step"] = statistics.mean(s[1] for s in refilling)
+    if further:
+        out["tokens_per_refilling_step"] = statistics.mean(s[0] for s in further)
+        out["seconds_per_refilling_step"] = statistics.mean(s[1] for s in further)
     return out
 
 
@@ -107,7 +117,7 @@ def main() -> None:
     result["setup"] = {"task": args.task, "steps": args.steps, "seed": args.seed}
     for name, row in result.items():
         if name != "setup":
-            print(f"{name:12s} " + ", ".join(f"{key} {value:.3g}" for key, value in row.items()))
+            print(f"{name:16s} " + ", ".join(f"{key} {value:.3g}" for key, value in row.items()))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "refill_cost.json").write_text(json.dumps(result, indent=1))
 

@@ -256,8 +256,9 @@ def test_quickstart_speed_benchmark(bench):
 
 def test_refill_cost_benchmark(bench):
     result = json.loads((bench("refill_cost", "--steps", "3") / "refill_cost.json").read_text())
-    assert set(result) == {"GRPO", "displace", "refill", "setup"}
+    assert set(result) == {"GRPO", "displace", "refill", "fresh refill", "dynamic sampling", "setup"}
     assert result["GRPO"]["tokens_vs_grpo"] == 1.0 and result["refill"]["tokens_per_step"] > 0
+    assert result["GRPO"]["rounds_per_step"] == 1.0 and result["dynamic sampling"]["rounds_per_step"] >= 1
 
 
 def test_every_benchmark_script_has_a_smoke_test():
