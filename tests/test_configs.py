@@ -117,3 +117,29 @@ def test_quickstart_is_the_recommended_preset_on_the_reasoning_task():
     assert len(monitor) == 1
     expected["trainer"]["callbacks"].append(monitor[0])
     assert quickstart == expected
+
+
+def test_the_4x8_preset_is_the_8_gpu_preset_with_the_global_batch_kept():
+    """On 32 GPUs the per-GPU sizes shrink by 4 and nothing else changes: the loss is normalised over every
+    rank's rows, so the entropy weight and the gradient clip are the 8-GPU preset's."""
+    one, four = (
+        yaml.safe_load((CONFIGS[0].parent / f"qwen2.5-math-1.5b{n}_zero2.yaml").read_text())
+        for n in ("", "_4x8")
+    )
+    gpus = [c["trainer"]["devices"] * c["trainer"]["num_nodes"] for c in (one, four)]
+    assert gpus == [8, 32]
+    assert [c["data"]["batch_size"] * g for c, g in zip((one, four), gpus)] == [128, 128]
+    replay = [
+        next(
+            c["init_args"]
+            for c in preset["trainer"]["callbacks"]
+            if c["class_path"].endswith("ReplayCallback")
+        )
+        for preset in (one, four)
+    ]
+    assert [r.pop("min_buffer_size") * g for r, g in zip(replay, gpus)] == [512, 512]
+    assert replay[0] == replay[1]
+    assert one["model"] == four["model"]
+    assert {k: v for k, v in one["trainer"].items() if k != "num_nodes"} == {
+        k: v for k, v in four["trainer"].items() if k != "num_nodes"
+    }
