@@ -122,8 +122,8 @@ def test_the_learning_page_opens_with_its_verdict_from_the_results_file():
     learning_yardstick.json by benchmarks/headline.py), and how much of the gain is replay's."""
     from hypotheses import DECIDING, paired
 
-    page = (ROOT / "docs" / "learning.md").read_text()
-    assert page.startswith("# Learning results\n\n## The verdict\n")
+    page = (ROOT / "docs" / "learning.md").read_text().split("\n---\n", 1)[-1]  # below its front matter
+    assert page.startswith("\n# Learning results\n\n## The verdict\n")
     verdict = page.split("\n## The record\n")[0]
     assert len(verdict.splitlines()) <= 40, "the verdict should fit one screen"
     results = json.loads((ROOT / "benchmarks" / "results" / "learning_yardstick.json").read_text())
@@ -143,3 +143,31 @@ def test_the_learning_page_opens_with_its_verdict_from_the_results_file():
         f"and {without_replay['reasoning']} on the reasoning task",
     ]:
         assert phrase in words, f"docs/learning.md's verdict should say {phrase!r}"
+
+
+def test_a_table_wider_than_its_column_at_1280_pixels_fails_the_docs_build():
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    import tables
+
+    css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
+    row = "<tr>" + "<td>0.585 ± 0.013 (+2.4 ± 1.1) generated</td>" * 10 + "</tr>"
+    wide = f"<table><thead><tr>{'<th>x</th>' * 10}</tr></thead><tbody>{row}</tbody></table>"
+    narrow = wide.replace("<th>x</th>" * 10, "<th>x</th>" * 3).replace(row, row.replace("</td><td>", "|", 7))
+    (problem,) = tables.too_wide(wide, [], css)
+    assert problem.startswith("a table needs") and "column is 718 px at 1280 px wide" in problem
+    assert tables.too_wide(narrow, [], css) == []
+    assert tables.too_wide(wide, ["toc", "navigation"], css) == []  # the whole window is wider
+
+
+def test_a_code_span_in_a_table_wraps_between_its_parts():
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    import tables
+
+    cell = '<table><tr><td><code>tests/a_b.py::test_x</code> <a href="x.y">x.y</a></td></tr></table>'
+    assert tables.break_code(cell) == (
+        "<table><tr><td><code>tests/<wbr>a_<wbr>b.<wbr>py::<wbr>test_<wbr>x</code> "
+        '<a href="x.y">x.y</a></td></tr></table>'
+    )
+    assert tables.cell_min_width("<code>tests/<wbr>a_<wbr>b</code>", 20) < tables.cell_min_width(
+        "<code>tests/a_b</code>", 20
+    )
