@@ -171,3 +171,15 @@ def test_a_code_span_in_a_table_wraps_between_its_parts():
     assert tables.cell_min_width("<code>tests/<wbr>a_<wbr>b</code>", 20) < tables.cell_min_width(
         "<code>tests/a_b</code>", 20
     )
+
+
+def test_the_search_index_holds_each_class_name_whole_in_lower_case():
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    from search_names import add_names
+
+    index = {"docs": [{"title": "Callbacks", "text": "`ReplayCallback` and DifficultyMonitor, ReplayCallback"},
+                      {"title": "Plain", "text": "no class here"}]}  # fmt: skip
+    assert add_names(index)["docs"] == [
+        {**index["docs"][0], "names": "replaycallback difficultymonitor"},
+        {"title": "Plain", "text": "no class here"},
+    ]

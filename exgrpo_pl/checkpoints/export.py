@@ -93,7 +93,12 @@ def read_checkpoint(ckpt_path: str | os.PathLike) -> tuple[dict[str, torch.Tenso
 def export_policy(
     ckpt_path: str | os.PathLike, out: str | os.PathLike, merge_lora: bool = False, overwrite: bool = False
 ) -> Path:
-    """Writes the checkpoint's policy to `out` as a Hugging Face model folder (see the module docstring).
+    """Writes the checkpoint's policy to `out` as a Hugging Face model folder.
+
+    The folder holds the weights as safetensors with their `config.json`, the tokenizer, a
+    `generation_config.json` whose `eos_token_id` lists the run's stop tokens, and `MANIFEST` (the files an
+    export wrote); a LoRA run gives the adapter as PEFT saves it, or with `merge_lora` the merged model. It is
+    written under a temporary name and renamed into place, so a kill leaves no half-written folder.
 
     Args:
         ckpt_path: a checkpoint file, or a DeepSpeed checkpoint folder, of an `ExGRPOModule` run.
