@@ -177,8 +177,8 @@ def test_the_search_index_holds_each_class_name_whole_in_lower_case():
     sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
     from search_names import add_names
 
-    index = {"docs": [{"title": "Callbacks", "text": "`ReplayCallback` and DifficultyMonitor, ReplayCallback"},
-                      {"title": "Plain", "text": "no class here"}]}  # fmt: skip
+    first = {"title": "Callbacks", "text": "`ReplayCallback` and DifficultyMonitor, ReplayCallback"}
+    index = {"docs": [first, {"title": "Plain", "text": "no class here"}]}
     assert add_names(index)["docs"] == [
         {**index["docs"][0], "names": "replaycallback difficultymonitor"},
         {"title": "Plain", "text": "no class here"},
