@@ -203,19 +203,22 @@ def _umask() -> int:
 
 
 def _raise_if_out_of_space(err: BaseException, temp: Path, out: Path, needed_bytes: int) -> None:
-    """`OutOfSpaceError` naming the file being written (the newest in the temp folder) when `err` says the
-    disk is full: safetensors raises its own `SafetensorError`, with the OS's message in its text."""
+    """`OutOfSpaceError` naming the file being written when `err` says the disk is full: the file an OSError
+    names, or for safetensors' own `SafetensorError` (the OS's message in its text, no file) the weights
+    file, the newest `*.safetensors` in the temp folder."""
+    written = sorted(temp.rglob("*"), key=lambda p: p.stat().st_mtime_ns) if temp.exists() else []
+    path = getattr(err, "filename", None) or (written[-1] if written else temp)
     if not isinstance(err, OSError) and ("No space left on device" in str(err) or "StorageFull" in str(err)):
+        weights = [p for p in written if p.suffix == ".safetensors"]
+        path = weights[-1] if weights else temp / "model.safetensors"
         full = OSError(errno.ENOSPC, "No space left on device")
         full.__cause__ = err
         err = full
-    written = [p for p in temp.rglob("*") if p.is_file()] if temp.exists() else []
-    newest = max(written, key=lambda p: p.stat().st_mtime_ns) if written else temp
     kept = (
         f"Nothing was exported: {out} is as it was (an export is written under this temp name, renamed to "
         "--out once complete; the temp folder is deleted). Free some space, or export elsewhere (--out)."
     )
-    raise_if_out_of_space(err, str(newest), needed_bytes, kept)
+    raise_if_out_of_space(err, str(path), needed_bytes, kept)
 
 
 def build_policy(state_dict: dict[str, torch.Tensor], hparams: dict[str, Any], ckpt_path, merge_lora: bool):
