@@ -1,12 +1,13 @@
 """Replays, as a hostile user would, the failures of issue 19's items 2, 3, 5 and 6, of issue 29's items
-1-4 (the probes named "29.<item> ...") and of issue 37's items 1-19 ("37.<item> ...") through `exgrpo fit`
-(and `exgrpo validate` and `exgrpo test`; the probes of the data and reward layers call what they call, in
-this process).
+1-4 (the probes named "29.<item> ..."), of issue 37's items 1-19 ("37.<item> ...") and of issue 54's
+items 1-10 ("54.<item> ...") through `exgrpo fit` (and `exgrpo validate`, `exgrpo test` and `exgrpo export`;
+the probes of the data and reward layers call what they call, in this process).
 
 Each probe runs the quickstart (cut to a few steps) with one hostile change and prints one line: its
 outcome ("clear error": the run stops with a message that names the file, option or function; "clear
-warning": it runs and a warning names it; "works": the run does the right thing; "FAILED" otherwise), the
-seconds it took and the evidence. Writes results/hostile_probes.json and prints its outcomes as
+warning": it runs and a warning names it; "works": the run does the right thing; "detectable": what can still
+happen is told apart by the files themselves; "FAILED" otherwise), the seconds it took and the evidence,
+and records the commit it ran at. Writes results/hostile_probes.json and prints its outcomes as
 docs/reliability.md shows them. The full-disk probes mount a small tmpfs and need root; without it they say
 so. The seconds in the results file add up to about half an hour on 2 shared cores.
 
@@ -756,6 +757,190 @@ def probe_config_on_a_full_disk(workdir: Path) -> tuple[str, str, dict]:
     return verdict(ok, "clear error"), f"{detail}; {last_error(run['output'])}", run
 
 
+# ------------------------------------------------------------------------------------------ issue 54
+def exgrpo_export(workdir: Path, *args: str) -> dict:
+    """`exgrpo export` with `args` (under umask 022, as a shell's default)."""
+    started = time.monotonic()
+    command = [sys.executable, "-m", "exgrpo_pl.cli", "export", *args]
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600, umask=0o022)
+    return {
+        "code": done.returncode,
+        "seconds": time.monotonic() - started,
+        "output": done.stdout + done.stderr,
+    }
+
+
+def probe_export_over_its_run(workdir: Path) -> tuple[str, str, dict]:
+    checkpoint = full_checkpoint(workdir)
+    run_folder = checkpoint.parents[1]  # lightning_logs/version_0: checkpoints, hparams.yaml, events
+    before = sorted(str(p.relative_to(run_folder)) for p in run_folder.rglob("*"))
+    run = exgrpo_export(
+        workdir, "--ckpt_path", str(checkpoint), "--out", str(run_folder), "--overwrite", "true"
+    )
+    after = sorted(str(p.relative_to(run_folder)) for p in run_folder.rglob("*"))
+    ok = run["code"] != 0 and after == before and "holds what no export wrote" in run["output"]
+    return verdict(ok, "clear error"), f"run kept whole: {after == before}; {last_error(run['output'])}", run
+
+
+def check_report_pair_split_by_a_kill(workdir: Path) -> tuple[bool, str]:
+    """a kill between the renames"""
+    from exgrpo_pl.checkpoints import atomic_writes
+    from exgrpo_pl.evaluation.report import report_files, report_is_whole
+
+    def table(metric: str) -> dict:
+        return {"rows": {"set0": {metric: 0.5, "problems": 4}}, "averages": {}}
+
+    atomic_writes.write_files_atomically(report_files(table("avg@4"), workdir, "test"))
+    whole_before = report_is_whole(workdir / "test.json", workdir / "test.md")
+    replace, renamed = atomic_writes.os.replace, []
+
+    def killed_after_the_first(source, target):  # SIGKILL's effect on the disk, between the two renames
+        if renamed:
+            raise KeyboardInterrupt
+        renamed.append(Path(target).name)
+        replace(source, target)
+
+    atomic_writes.os.replace = killed_after_the_first
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            atomic_writes.write_files_atomically(report_files(table("avg@2"), workdir, "test"))
+    finally:
+        atomic_writes.os.replace = replace
+    told = whole_before and not report_is_whole(workdir / "test.json", workdir / "test.md")
+    detail = f"renamed before the kill: {renamed}; the pair's digest tells it split: {told}"
+    return told and renamed == ["test.md"], detail
+
+
+def probe_max_steps_not_whole_batches(workdir: Path) -> tuple[str, str, dict]:
+    run = exgrpo(workdir, "--model.steps_per_generation=2", "--trainer.max_steps=3")
+    said = "max_steps=3: not a multiple of the 2 optimizer updates" in run["output"]
+    return verdict(run["code"] != 0 and said, "clear error"), last_error(run["output"]), run
+
+
+def probe_prompt_past_the_models_positions(workdir: Path) -> tuple[str, str, dict]:
+    rows = sums(8)
+    rows.insert(3, {"prompt": "1+" * 100 + "=", "answer": "100"})  # 201 tokens; the model has 64 positions
+    path = write_jsonl(workdir / "train.jsonl", rows)
+    run = exgrpo(
+        workdir, "--trainer.max_steps=2", f"--data.train_path={path}", "--model.max_prompt_length=512"
+    )
+    said = re.search(
+        r"train\.jsonl: line 4: the prompt of .* has 201 tokens, .*max_position_embeddings=64", run["output"]
+    )
+    return verdict(run["code"] != 0 and said is not None, "clear error"), last_error(run["output"]), run
+
+
+SWAP = replay_callback(
+    mode="swap", min_buffer_size=1, max_consecutive_replay_steps=2,
+    replay="{class_path: exgrpo_pl.experience.SelectiveReplay, init_args: {replay_probability: 1.0}}",
+)  # fmt: skip
+
+
+def probe_swap_reward_logging(workdir: Path) -> tuple[str, str, dict]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    root = workdir / "run"
+    run = exgrpo(
+        workdir,
+        "--trainer.max_steps=6",
+        "--trainer.log_every_n_steps=1",
+        SWAP,
+        f"--trainer.default_root_dir={root}",
+    )
+    if run["code"] != 0:
+        return "FAILED", last_error(run["output"]), run
+    events = EventAccumulator(str(next(root.glob("lightning_logs/*")))).Reload()
+    swapped = {e.step for e in events.Scalars("replay/row_fraction") if e.value == 1.0}
+    logged = {
+        tag: {e.step for e in events.Scalars(tag)} & swapped
+        for tag in events.Tags()["scalars"] if tag.startswith("train/reward")
+    }  # fmt: skip
+    ok = bool(swapped) and "train/reward" in logged and not any(logged.values())
+    return verdict(ok, "works"), f"swap steps {sorted(swapped)}; reward charts written on them: {logged}", run
+
+
+def probe_export_file_modes(workdir: Path) -> tuple[str, str, dict]:
+    run = exgrpo_export(
+        workdir, "--ckpt_path", str(full_checkpoint(workdir)), "--out", str(workdir / "policy")
+    )
+    modes = (
+        {p.name: oct(p.stat().st_mode & 0o777) for p in (workdir / "policy").iterdir()}
+        if run["code"] == 0
+        else {}
+    )
+    ok = bool(modes) and set(modes.values()) == {"0o644"}
+    return verdict(ok, "works"), f"under umask 022: {modes}", run
+
+
+SCRIPT_REWARD = """
+import sys
+from lightning.pytorch import Trainer
+from exgrpo_pl.data import ArithmeticTask, PromptDataModule
+from exgrpo_pl.module import ExGRPOModule
+
+seen = []
+
+def remembers(prompts, completions, **columns):
+    seen.extend(completions)
+    return [1.0] * len(completions)
+
+if __name__ == "__main__":
+    module = ExGRPOModule("embedded:tiny-arith", reward_funcs=[remembers], reward_timeout_seconds=30,
+                          num_generations=2, max_completion_length=4)
+    trainer = Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, limit_val_batches=0)
+    trainer.fit(module, PromptDataModule(synthetic=ArithmeticTask(64, seed=1), batch_size=4))
+    print(f"rows the reward saw, as this process sees them: {len(seen)}")
+"""
+
+
+def probe_stateful_script_reward(workdir: Path) -> tuple[str, str, dict]:
+    (workdir / "train.py").write_text(SCRIPT_REWARD)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "train.py"], cwd=workdir, capture_output=True, text=True, timeout=600
+    )
+    run = {
+        "code": done.returncode,
+        "seconds": time.monotonic() - started,
+        "output": done.stdout + done.stderr,
+    }
+    warned = "reward function 'remembers' is defined in your script" in run["output"]
+    return verdict(run["code"] == 0 and warned, "clear warning"), last_error(run["output"]), run
+
+
+def probe_swap_with_two_updates(workdir: Path) -> tuple[str, str, dict]:
+    run = exgrpo(
+        workdir, "--trainer.max_steps=16", "--model.steps_per_generation=2", "--data.batch_size=2",
+        "--model.num_generations=2", SWAP,
+    )  # fmt: skip
+    if run["code"] == 0:
+        return "works", "every swap step drew enough stored rows for its 2 updates", run
+    named = "this swap replay step drew only" in run["output"] and "replay buffer" in run["output"]
+    return verdict(named, "clear error"), last_error(run["output"]), run
+
+
+def probe_export_on_a_full_disk(workdir: Path) -> tuple[str, str, dict]:
+    checkpoint = full_checkpoint(workdir)
+    with small_disk(workdir, "512K") as disk:  # the policy's weights take 1.3 MB (its checkpoint 4.1 MB)
+        if disk is None:
+            return "not run", "mounting a tmpfs needs root", {}
+        run = exgrpo_export(workdir, "--ckpt_path", str(checkpoint), "--out", str(disk / "policy"))
+        left = sorted(p.name for p in disk.iterdir())
+    named = re.search(r"OutOfSpaceError: .*No space left to write \S*model\.safetensors", run["output"])
+    ok = run["code"] != 0 and named is not None and not left
+    return verdict(ok, "clear error"), f"left on the disk: {left}; {last_error(run['output'])}", run
+
+
+def check_control_character_answer(workdir: Path) -> tuple[bool, str]:
+    """d.jsonl: line 4: column 'answer' holds control character"""
+    from exgrpo_pl.data import load_rows
+
+    rows = sums(3) + [{"prompt": "7+8=", "answer": "15\u0000"}]
+    loaded = load_rows(write_jsonl(workdir / "d.jsonl", rows))
+    return False, f"loaded {len(loaded)} rows, the last answer {loaded[-1]['answer']!r}"
+
+
 PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
     "2 url checkpoint payload": probe_url_payload,
     "2 local checkpoint payload": probe_local_payload,
@@ -825,6 +1010,16 @@ PROBES: dict[str, Callable[[Path], tuple[str, str, dict]]] = {
     "37.17 setup errors, no halfway warning": probe_setup_errors_alone,
     "37.18 rerun's report on a full disk": probe_rerun_report_on_a_full_disk,
     "37.19 rerun's config.yaml on a full disk": probe_config_on_a_full_disk,
+    "54.1 export --overwrite onto its run": probe_export_over_its_run,
+    "54.2 report pair, kill between renames": in_process(check_report_pair_split_by_a_kill, "detectable"),
+    "54.3 max_steps 3, 2 updates a batch": probe_max_steps_not_whole_batches,
+    "54.4 201-token prompt, 64 positions": probe_prompt_past_the_models_positions,
+    "54.5 swap steps' reward charts": probe_swap_reward_logging,
+    "54.6 exported files' modes": probe_export_file_modes,
+    "54.7 stateful reward in the script": probe_stateful_script_reward,
+    "54.8 swap, 2 updates, batch 2, K 2": probe_swap_with_two_updates,
+    "54.9 export on a full disk": probe_export_on_a_full_disk,
+    "54.10 answer '15\\u0000'": in_process(check_control_character_answer, "clear error"),
 }
 
 
@@ -836,9 +1031,25 @@ def outcome_counts(results: list[dict]) -> str:
 
 
 def markdown_table(results: list[dict]) -> str:
-    """Each probe's outcome in `results`, as docs/reliability.md shows it."""
-    lines = ["| probe | outcome |", "|---|---|"]
-    return "\n".join(lines + [f"| {result['probe']} | {result['outcome']} |" for result in results])
+    """Each probe's outcome in `results` and the commit it ran at, as docs/reliability.md shows them (runs
+    from before the file recorded commits say so)."""
+    lines = ["| probe | outcome | code |", "|---|---|---|"]
+    return "\n".join(
+        lines
+        + [
+            f"| {result['probe']} | {result['outcome']} | {result.get('commit', 'not recorded')} |"
+            for result in results
+        ]
+    )
+
+
+def code_version() -> str:
+    """The commit the probes ran at, with "+changes" when the package or this file differs from it."""
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    watched = ["exgrpo_pl", "callbacks", "configs", "benchmarks/hostile_probes.py"]
+    changed = subprocess.run([*git, "status", "--porcelain", *watched], capture_output=True, text=True).stdout
+    return commit.strip() + ("+changes" if changed.strip() else "")
 
 
 def main() -> None:
@@ -849,6 +1060,7 @@ def main() -> None:
     args = parser.parse_args()
     path = RESULTS / "hostile_probes.json"
     kept = {r["probe"]: r for r in json.loads(path.read_text())} if args.only and path.exists() else {}
+    commit = code_version()
     for name, probe in PROBES.items():
         if args.only not in name:
             continue
@@ -859,7 +1071,8 @@ def main() -> None:
         print(f"{name:<40} {outcome:<12} {seconds:5.0f} s  {detail}", flush=True)
         tail = run.get("output", "")[-3000:]
         kept[name] = {
-            "probe": name, "outcome": outcome, "seconds": round(seconds, 1), "detail": detail, "tail": tail
+            "probe": name, "outcome": outcome, "seconds": round(seconds, 1), "detail": detail, "tail": tail,
+            "commit": commit,
         }  # fmt: skip
     results = [kept[name] for name in PROBES if name in kept]  # in the probes' order
     path.write_text(json.dumps(results, indent=1) + "\n")
