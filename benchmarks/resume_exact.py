@@ -12,11 +12,12 @@ A config whose module takes U optimizer updates per batch (`num_iterations * ste
 paper preset's U = 2) counts in updates, as Lightning does: the kill comes after step 50 U (S = 50 U + 10),
 the epoch's end is at U times its batches (S = E + 4 U), and every stop falls between two batches.
 
-Besides the shipped configs, variants of one with a ReplayCallback option changed (`VARIANTS`):
+Besides the shipped configs, variants of one with a ReplayCallback or model option changed (`VARIANTS`):
 exgrpo_displace is configs/exgrpo.yaml (whose placement is refill) with `placement: displace`, the paper's;
 exgrpo_defer is that with `displaced_questions: defer`, whose training stream goes on across epochs;
 exgrpo_join is configs/exgrpo.yaml with `placement: join` (which joins from the second epoch on: its "end"
-case resumes there).
+case resumes there); grpo_dynamic_sampling is configs/grpo_baseline.yaml with `dynamic_sampling: dapo`, whose
+steps draw further questions from the training stream.
 
 A module of one's own (`OWN_MODULES`): own_module_kl_mix and own_module_kl_swap train the GRPO module of
 examples/own_module_kl.py (it samples inline with `generate(do_sample=True)`, from the global torch
@@ -36,6 +37,7 @@ the token counters) and the logged train/reward series, and prints the largest d
     python benchmarks/resume_exact.py --configs own_module_kl_mix own_module_kl_swap  # a module of one's own
     python benchmarks/resume_exact.py --configs exgrpo_join --cases end              # the placements
     python benchmarks/resume_exact.py --configs exgrpo_displace
+    python benchmarks/resume_exact.py --configs grpo_dynamic_sampling               # DAPO's dynamic sampling
 
 Writes benchmarks/results/resume_exact.json (merged with the cases already there).
 """
@@ -70,11 +72,12 @@ SHIPPED = sorted(
     for path in (ROOT / "configs").glob("*.yaml")
     if str(yaml.safe_load(path.read_text())["model"]["model_name_or_path"]).startswith("embedded:")
 )
-# A shipped config with ReplayCallback options changed: name -> (config, the options)
+# A shipped config with ReplayCallback or model options changed: name -> (config, replay options, model ones)
 VARIANTS = {
-    "exgrpo_defer": ("exgrpo", {"placement": "displace", "displaced_questions": "defer"}),
-    "exgrpo_displace": ("exgrpo", {"placement": "displace"}),
-    "exgrpo_join": ("exgrpo", {"placement": "join"}),
+    "exgrpo_defer": ("exgrpo", {"placement": "displace", "displaced_questions": "defer"}, {}),
+    "exgrpo_displace": ("exgrpo", {"placement": "displace"}, {}),
+    "exgrpo_join": ("exgrpo", {"placement": "join"}, {}),
+    "grpo_dynamic_sampling": ("grpo_baseline", {}, {"dynamic_sampling": "dapo"}),
 }
 # examples/own_module_kl.py's module through a Python Trainer: name -> the ReplayCallback's mode
 OWN_MODULES = {"own_module_kl_mix": "mix", "own_module_kl_swap": "swap"}
@@ -88,14 +91,15 @@ STEPS = 60  # the mid case stops half-way
 def config_path(name: str, workdir: Path, questions: int | None) -> Path:
     """configs/<name>.yaml; for a variant, a copy of its config with its ReplayCallback options; for a smoke
     run, a copy with that many questions, validating every 4 steps."""
-    base, replay_options = VARIANTS.get(name, (name, None))
+    base, replay_options, model_options = VARIANTS.get(name, (name, {}, {}))
     path = ROOT / "configs" / f"{base}.yaml"
-    if questions is None and replay_options is None:
+    if questions is None and name not in VARIANTS:
         return path
     cfg = yaml.safe_load(path.read_text())
-    for callback in cfg["trainer"]["callbacks"] if replay_options else []:
+    for callback in cfg["trainer"].get("callbacks", []) if replay_options else []:
         if callback["class_path"].endswith("ReplayCallback"):
             callback["init_args"].update(replay_options)
+    cfg["model"].update(model_options)
     if questions is not None:
         cfg["data"]["synthetic"]["init_args"]["num_questions"] = questions
         cfg["trainer"]["val_check_interval"] = 4
@@ -108,8 +112,8 @@ def describe(name: str, questions: int | None) -> str:
     """The config a result ran: the file, the variant's options, a smoke run's questions."""
     if questions is not None:
         return f"{name}, {questions} questions"
-    base, replay_options = VARIANTS.get(name, (name, {}))
-    changed = ", ".join(f"{key}: {value}" for key, value in replay_options.items())
+    base, replay_options, model_options = VARIANTS.get(name, (name, {}, {}))
+    changed = ", ".join(f"{key}: {value}" for key, value in {**replay_options, **model_options}.items())
     return f"configs/{base}.yaml" + (f" with {changed}" if changed else "")
 
 
