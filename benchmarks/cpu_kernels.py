@@ -60,7 +60,7 @@ def quickstart_losses(env: dict[str, str], steps: int) -> tuple[list[float], flo
         subprocess.run([sys.executable, "-c", CLI, *args], cwd=run_dir, env={**os.environ, **env}, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
         seconds = time.perf_counter() - start
-        (run,) = Path(run_dir).glob("lightning_logs/version_*")
+        (run,) = Path(run_dir).glob("lightning_logs/quickstart-s0")  # the config and its seed
         events = EventAccumulator(str(run))
         events.Reload()
         return [e.value for e in events.Scalars("train/loss")], seconds

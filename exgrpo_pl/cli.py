@@ -41,6 +41,8 @@ from exgrpo_pl.evaluation.report import report_files, to_markdown
 from exgrpo_pl.lightning_internals import spawns_processes
 from exgrpo_pl.module.grpo import ExGRPOModule
 from exgrpo_pl.moved import ModuleMovedError, MovedModuleWarning, moved_message, old_paths_in, removed
+from exgrpo_pl.renamed import with_renamed_configs
+from exgrpo_pl.run_names import free_version, run_name, safe_name
 
 
 class ExGRPOCLI(LightningCLI):
@@ -52,8 +54,9 @@ class ExGRPOCLI(LightningCLI):
     "link")` (in place of Lightning's default `ModelCheckpoint()`), so a run saves when it ends and
     `--ckpt_path last` finds the previous run's newest complete checkpoint. With no logger configured, it
     logs with Lightning's default `TensorBoardLogger`, less its placeholder `hp_metric` chart and with
-    Lightning's `epoch` series as `train/epoch` (`RunLogger`); a fit prints, when it starts and when it
-    ends, a TensorBoard link that opens on the run's main charts (`dashboard_link`).
+    Lightning's `epoch` series as `train/epoch` (`RunLogger`), into a folder named after the run's config
+    and seed (`exgrpo-s0`; `--run_name NAME` names it, `exgrpo_pl.run_names`); a fit prints, when it starts
+    and when it ends, a TensorBoard link that opens on the run's main charts (`dashboard_link`).
 
     (The module itself checks the strategy against the trainer in `setup`, so plain `Trainer` runs get the
     same check.) `ddp_spawn` is refused before anything starts (`SPAWN_REFUSED`). Under SLURM, Lightning's
@@ -71,7 +74,17 @@ class ExGRPOCLI(LightningCLI):
         # out, so that a file and `last` follow one rule: the config files and the command line decide.
         return
 
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--run_name",
+            type=str | None,
+            default=None,
+            help="The run's log folder (its name in TensorBoard) under the default logger; default: the "
+            "config files' names and the seed, e.g. exgrpo-s0. A name taken gets -v1, -v2, ...",
+        )
+
     def parse_arguments(self, parser, args) -> None:
+        args = with_renamed_configs(args)  # configs/exgrpo_seed.yaml -> exgrpo_swap.yaml, with a warning
         check_old_module_paths(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         # Before anything is built: loading an empty or truncated file later fails with a bare `torch.load`
@@ -103,8 +116,10 @@ class ExGRPOCLI(LightningCLI):
             # Lightning's default logger without its placeholder chart (`hp_metric`, -1 at step 0): the
             # module writes the HParams entry with metrics that compare runs (module/hparams_tab.py).
             root = os.path.normpath(os.path.expanduser(trainer_config.get("default_root_dir") or os.getcwd()))
-            job = SLURMEnvironment.job_id()  # Lightning's default logger's version
-            kwargs["logger"] = RunLogger(root, version=job, default_hp_metric=False)
+            name = self._run_name()
+            job = SLURMEnvironment.job_id()  # a requeued job logs on in its folder, as Lightning's default
+            version = f"{name}-job{job}" if job is not None else None
+            kwargs["logger"] = RunLogger(root, version=version, default_hp_metric=False, run_name=name)
         kwargs["plugins"] = slurm_plugins(kwargs.get("plugins", trainer_config.get("plugins")))
         trainer = super().instantiate_trainer(**kwargs)
         check_requeue(trainer)
@@ -113,6 +128,14 @@ class ExGRPOCLI(LightningCLI):
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not a user's
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
+
+    def _run_name(self) -> str:
+        """`--run_name`, else the config files' names and the seed (`exgrpo_pl.run_names.run_name`)."""
+        parsed = self.config[self.subcommand] if self.subcommand else self.config
+        if parsed.get("run_name"):
+            return safe_name(parsed["run_name"])
+        seed = parsed.get("seed_everything")  # the seed LightningCLI drew for `true`; False: none set
+        return run_name(parsed.get("config") or [], None if isinstance(seed, bool) else seed)
 
     def before_fit(self) -> None:
         # A fit takes minutes to hours: where to watch it, before it starts as well as when it ends. The
@@ -178,11 +201,25 @@ SPAWN_REFUSED = (
 
 class RunLogger(TensorBoardLogger):
     """Lightning's `TensorBoardLogger` (same arguments) that writes Lightning's `epoch` series as
-    `train/epoch`, the tag TRL's runs give it.
+    `train/epoch`, the tag TRL's runs give it, and, given `run_name`, names the run's folder after it.
 
     TensorBoard's Time Series page opens only its first two groups of charts (tags grouped by their part
     before the first `/`, groups sorted by name): a flat `epoch` chart would take one of the two.
+
+    Args:
+        run_name: without a `version`, the run's folder: `run_name`, or `run_name-v1`, `-v2`, ... when
+            taken (`exgrpo_pl.run_names.free_version`); None: Lightning's `version_N`.
     """
+
+    def __init__(self, *args: Any, run_name: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.run_name = run_name
+
+    def _get_next_version(self) -> int | str:
+        # Lightning's hook for a logger given no version, asked once, lazily, on every rank.
+        if self.run_name is None:
+            return super()._get_next_version()
+        return free_version(self.root_dir, self.run_name)
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if "epoch" in metrics:

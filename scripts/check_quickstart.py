@@ -53,7 +53,7 @@ def measure(native: bool) -> dict[str, float]:
                    f"--trainer.default_root_dir={tmp}"]  # fmt: skip
         env = dict(os.environ) if native else {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
         subprocess.run(command, cwd=tmp, env=env, check=True)
-        (run,) = Path(tmp).glob("lightning_logs/version_*")
+        (run,) = Path(tmp).glob("lightning_logs/quickstart-s0")  # the config and its seed
         events = EventAccumulator(str(run))
         events.Reload()
         curve = [(e.step, e.value) for e in events.Scalars("val/pass@1")]

@@ -1,7 +1,7 @@
 """The pictures of docs/dashboards.md, drawn from a quickstart run's TensorBoard event files, headless.
 
     python scripts/dashboard_pngs.py                      # runs the quickstart, then draws (minutes)
-    python scripts/dashboard_pngs.py --run-dir lightning_logs/version_3 --out /tmp/dashboards
+    python scripts/dashboard_pngs.py --run-dir lightning_logs/exgrpo-s0 --out /tmp/dashboards
 
 Without `--run-dir` it runs `exgrpo fit --config configs/quickstart.yaml` in a temporary directory with
 ATen's portable kernels (docs/getting-started.md's quickstart sentence, which `scripts/check_quickstart.py`
@@ -16,7 +16,7 @@ display):
 - run.json: what the pictures were drawn from (the run's scalar and image tags, its validation curve and
   last step), which tests/scripts/test_dashboard_pngs.py holds to getting-started.md's quickstart sentence.
 
-`--run-dir` is one version_N folder or a folder of them (the highest-numbered one with event files is read).
+`--run-dir` is one run's folder or a log folder of them (the one with the newest event file is read).
 Exits with status 1, after writing what it could, when the run lacks what a picture needs (a run without a
 `DifficultyMonitor` has no histograms and no heatmap).
 """
@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from exgrpo_pl.callbacks.monitor import HEATMAP_TAG  # noqa: E402
+from exgrpo_pl.module.hparams_tab import FOLDER_SUMMARY  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # (tags drawn together, the y axis's label); the first tag of a panel is its title.
@@ -59,20 +60,21 @@ DISPLAY_BINS = 30  # equal-width bins a histogram is drawn with, as in TensorBoa
 
 
 def find_run(run_dir: Path) -> Path:
-    """`run_dir` if it holds event files, else its highest-numbered version_* that does."""
-    if list(run_dir.glob("events.out.tfevents.*")):
+    """`run_dir` if it holds a run's event files, else the newest of its run folders that does."""
+    if run_events(run_dir):
         return run_dir
-    versions = [
-        p
-        for p in run_dir.glob("version_*")
-        if p.name.split("_")[-1].isdigit() and list(p.glob("events.out.tfevents.*"))
-    ]
-    if not versions:
+    runs = [p for p in run_dir.iterdir() if p.is_dir() and run_events(p)] if run_dir.is_dir() else []
+    if not runs:
         raise SystemExit(
-            f"no version_* with TensorBoard event files under {run_dir}; "
+            f"no run folder with TensorBoard event files under {run_dir}; "
             "run `exgrpo fit --config configs/quickstart.yaml` first or pass --run-dir"
         )
-    return max(versions, key=lambda p: int(p.name.split("_")[-1]))
+    return max(runs, key=lambda p: max(f.stat().st_mtime for f in run_events(p)))
+
+
+def run_events(folder: Path) -> list[Path]:
+    """A run's event files in `folder` (not the log folder's HParams columns, `FOLDER_SUMMARY`)."""
+    return [f for f in folder.glob("events.out.tfevents.*") if f.name != FOLDER_SUMMARY]
 
 
 def load_events(run: Path) -> EventAccumulator:
@@ -180,14 +182,14 @@ def save_heatmap(events: EventAccumulator, path: Path) -> list[str]:
 
 
 def run_quickstart(directory: Path) -> Path:
-    """Runs the quickstart in `directory` with ATen's portable kernels; its version_0 folder."""
+    """Runs the quickstart in `directory` with ATen's portable kernels; its run folder."""
     config = ROOT / "configs" / "quickstart.yaml"  # `exgrpo fit`, run by this Python
     command = [sys.executable, "-m", "exgrpo_pl.cli", "fit", "--config", str(config),
                f"--trainer.default_root_dir={directory}"]  # fmt: skip
     print("running", " ".join(command), "(ATEN_CPU_CAPABILITY=default)")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
     subprocess.run(command, cwd=directory, env=env, check=True)
-    return directory / "lightning_logs" / "version_0"
+    return directory / "lightning_logs" / "quickstart-s0"  # the config and its seed
 
 
 def record(events: EventAccumulator) -> dict:

@@ -129,3 +129,20 @@ def fill_the_disk_for(monkeypatch, name: str) -> None:
 
     monkeypatch.setattr(io, "open", opens)
     monkeypatch.setattr(builtins, "open", opens)
+
+
+def tensorboard_experiment(logdir):
+    """The HParams experiment TensorBoard's own backend serves for `tensorboard --logdir logdir` (its
+    options sorted as the tab sorts them: `differs` first, then by name), read from the event files."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, get_experiment
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
+    backend = backend_context.Context(base_plugin.TBContext(data_provider=provider, logdir=str(logdir)))
+    request = api_pb2.GetExperimentRequest(hparams_limit=1000)
+    return get_experiment.Handler(context.RequestContext(), backend, "", request).run()

@@ -24,6 +24,7 @@ from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.experience import TrajectoryBuffer
 from exgrpo_pl.module import ExGRPOModule
 from exgrpo_pl.moved import REMOVED_IN, ModuleMovedError, MovedModuleWarning
+from exgrpo_pl.renamed import RenamedConfigError, RenamedConfigWarning
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def test_fit_prints_logs_and_checkpoint(tiny_args, tmp_path, capsys):
     assert "Training finished." in out and "tensorboard --logdir" in out and ".ckpt" in out
     # The default logger writes where Lightning's would, without the placeholder `hp_metric` chart, and
     # Lightning's `epoch` in the train group, where it does not take one of the two groups TensorBoard opens.
-    (run,) = (tmp_path / "lightning_logs").glob("version_*")
+    (run,) = (tmp_path / "lightning_logs").glob("run-s0")  # no config file: `run`, and the default seed 0
     events = EventAccumulator(str(run))
     events.Reload()
     scalars = events.Tags()["scalars"]
@@ -69,7 +70,7 @@ def test_fit_ends_with_a_tensorboard_link_pinning_charts_the_run_logged(tiny_arg
     url = urlsplit(link)
     assert (url.netloc, url.fragment) == ("localhost:6006", "timeseries")
     cards = json.loads(parse_qs(url.query)["pinnedCards"][0])
-    (run,) = (tmp_path / "lightning_logs").glob("version_*")
+    (run,) = (tmp_path / "lightning_logs").glob("run-s0")
     events = EventAccumulator(str(run), size_guidance={"images": 0})
     events.Reload()
     pinned = {card["plugin"]: [] for card in cards}
@@ -83,7 +84,7 @@ def test_fit_ends_with_a_tensorboard_link_pinning_charts_the_run_logged(tiny_arg
 
 
 def test_the_docs_show_the_link_the_quickstart_prints():
-    link = dashboard_link("version_0", [ReplayCallback(), DifficultyMonitor()])  # the quickstart's callbacks
+    link = dashboard_link("quickstart-s0", [ReplayCallback(), DifficultyMonitor()])  # the quickstart's callbacks
     root = Path(__file__).parents[1]
     assert link in (root / "README.md").read_text() and link in (root / "docs" / "dashboards.md").read_text()
 
@@ -145,14 +146,14 @@ def test_a_deepspeed_preset_builds_with_the_atomic_writer(tiny_model_dir, tmp_pa
 def test_a_run_stopped_between_validations_saves_and_the_next_resumes_from_it(tiny_args, tmp_path):
     schedule = ["--trainer.val_check_interval=5", "--trainer.check_val_every_n_epoch=null"]  # as quickstart
     _cli(tiny_args, *schedule, "--trainer.max_steps=3", run=True)
-    first = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    first = tmp_path / "lightning_logs" / "run-s0" / "checkpoints"
     (saved,) = first.glob("epoch=*-step=3.ckpt")  # no validation ran: only the save at train end made it
     assert os.readlink(first / "last.ckpt") == saved.name
 
     resumed = _cli(tiny_args, *schedule, "--trainer.max_steps=5", "--ckpt_path=last", run=True).trainer
     assert resumed.ckpt_path == str(saved)  # found in the previous run's version folder
     assert resumed.global_step == 5
-    second = tmp_path / "lightning_logs" / "version_1" / "checkpoints"
+    second = tmp_path / "lightning_logs" / "run-s0-v1" / "checkpoints"  # the name kept, numbered
     assert len(list(second.glob("epoch=*-step=5.ckpt"))) == 1
 
 
@@ -161,7 +162,7 @@ def test_quickstart_stopped_at_40_steps_saves_its_checkpoint(tmp_path):
     config = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
     overrides = ["--trainer.max_steps=40", f"--trainer.default_root_dir={tmp_path}"]
     main(["fit", "--config", str(config), *overrides, "--model.validate_at_start=false"])  # saves regardless
-    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    checkpoints = tmp_path / "lightning_logs" / "quickstart-s0" / "checkpoints"
     (saved,) = checkpoints.glob("epoch=*-step=40.ckpt")  # validation (every 50 steps) never ran
     assert os.readlink(checkpoints / "last.ckpt") == saved.name
     assert torch.load(saved, weights_only=True)["global_step"] == 40
@@ -173,7 +174,7 @@ def test_a_resumed_run_keeps_its_own_options_and_lists_those_that_differ_from_th
 ):
     """(A resume with the same options warns about none: tests/checkpoints/test_resume.py.)"""
     _cli(tiny_args, "--trainer.max_steps=2", "--model.learning_rate=1e-3", run=True)
-    (saved,) = tmp_path.glob("lightning_logs/version_0/checkpoints/epoch=*.ckpt")
+    (saved,) = tmp_path.glob("lightning_logs/run-s0/checkpoints/epoch=*.ckpt")
     path = str(saved) if ckpt == "file" else "last"
     options = ["--model.learning_rate=2e-3", "--model.weight_decay=0.1", f"--ckpt_path={path}"]
     cli = _cli(tiny_args, "--trainer.max_steps=3", *options, run=True)
@@ -267,6 +268,31 @@ def test_after_the_removal_an_old_path_in_a_config_is_a_short_error(tiny_args, t
     assert not (tmp_path / "lightning_logs").exists()
 
 
+def test_the_swap_presets_old_name_is_read_from_its_new_file_with_a_warning(tiny_args):
+    """configs/exgrpo_seed.yaml, renamed configs/exgrpo_swap.yaml: the warning names the new file and the
+    version that removes the old name, and the run is the swap preset's."""
+    configs = Path(__file__).parents[1] / "configs"
+    old, new = configs / "exgrpo_seed.yaml", configs / "exgrpo_swap.yaml"
+    with pytest.warns(RenamedConfigWarning) as record:
+        trainer = _cli(["--config", str(old), *tiny_args]).trainer
+    assert [str(w.message) for w in record if issubclass(w.category, RenamedConfigWarning)] == [
+        f"{old} was renamed {new} (the old name is read from the new file and is removed in exgrpo-pl "
+        f"{REMOVED_IN})"
+    ]
+    (replay,) = [c for c in trainer.callbacks if isinstance(c, ReplayCallback)]
+    assert (replay.mode, replay.replay.replay_probability, replay.min_buffer_size) == ("swap", 0.3, 1000)
+
+
+def test_after_the_removal_the_swap_presets_old_name_is_an_error_naming_the_new_file(
+    tiny_args, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(moved, "VERSION", REMOVED_IN)
+    configs = Path(__file__).parents[1] / "configs"
+    with pytest.raises(RenamedConfigError, match=f"renamed {configs / 'exgrpo_swap.yaml'} .* was removed in"):
+        main(["fit", f"--config={configs / 'exgrpo_seed.yaml'}", *tiny_args])
+    assert not (tmp_path / "lightning_logs").exists()
+
+
 @pytest.mark.parametrize("full", ["test.json", "test.md", "config.yaml"])
 def test_a_full_disk_leaves_the_previous_runs_report_and_config_whole_and_names_the_file(
     tiny_args, tmp_path, monkeypatch, full
@@ -302,3 +328,16 @@ def test_ddp_spawn_is_refused_before_anything_starts_naming_ddp(tiny_args, confi
     refused = "ddp_spawn .* not supported by exgrpo; use `--trainer.strategy ddp`"
     with pytest.raises(ValueError, match=refused):
         ExGRPOCLI(ExGRPOModule, PromptDataModule, run=False, args=[*preset, *tiny_args, *spawn])
+
+
+def test_runs_are_named_after_their_config_and_seed_or_run_name(tiny_args, tmp_path):
+    preset = Path(__file__).parents[1] / "configs" / "grpo_baseline.yaml"
+    logs = tmp_path / "lightning_logs"
+    for _ in range(2):  # the second run of the same config and seed keeps the name, numbered
+        _cli(["--config", str(preset), *tiny_args, "--trainer.max_steps=1"], run=True)
+    _cli(tiny_args, "--seed_everything=7", "--run_name=lr sweep", "--trainer.max_steps=1", run=True)
+    assert sorted(path.name for path in logs.iterdir() if path.is_dir()) == [
+        "grpo_baseline-s0",
+        "grpo_baseline-s0-v1",
+        "lr_sweep",
+    ]

@@ -1,19 +1,20 @@
-"""TensorBoard's HParams tab: a run's module and replay options, with the metrics that compare runs."""
+"""TensorBoard's HParams tab: a run's module and replay options, with the metrics that compare runs, and
+the log folder's columns: the options that differ between its runs."""
 
 import pytest
-from conftest import tiny_module
+from conftest import tensorboard_experiment, tiny_module
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import backend_context, plugin_data_pb2
+from tensorboard.plugins.hparams import plugin_data_pb2
 
 from exgrpo_pl.callbacks import ReplayCallback
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import SelectiveReplay
-from exgrpo_pl.module.hparams_tab import COMPARED_HPARAMS, HPARAMS_METRICS, run_hparams
+from exgrpo_pl.module.hparams_tab import FOLDER_SUMMARY, HPARAMS_METRICS, OFF_WITHOUT_REPLAY, run_hparams
 
 
-def fit(tmp_path, model_dir, callbacks):
+def fit(tmp_path, model_dir, callbacks, **options):
     seed_everything(0)
     logger = TensorBoardLogger(tmp_path, name="tb", default_hp_metric=False)
     trainer = Trainer(
@@ -30,18 +31,19 @@ def fit(tmp_path, model_dir, callbacks):
         callbacks=callbacks,
     )
     data = PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
-    trainer.fit(tiny_module(model_dir, validate_at_start=True), data)
+    trainer.fit(tiny_module(model_dir, validate_at_start=True, **options), data)
     events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
     events.Reload()
     return events
 
 
-def hparams_entry(events):
-    """(experiment, session start) protos of the run's HParams entry."""
+def session_start(events):
+    """The run's options, as TensorBoard reads them (its session start); no run writes an experiment."""
     content = events.PluginTagToContent("hparams")
-    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
-    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
-    return experiment, start.session_start_info
+    assert "_hparams_/experiment" not in content  # the folder's summary holds the columns
+    return plugin_data_pb2.HParamsPluginData.FromString(
+        content["_hparams_/session_start_info"]
+    ).session_start_info
 
 
 def test_a_replay_run_lists_its_replay_options_and_the_metrics_that_compare_runs(tmp_path, tiny_model_dir):
@@ -49,7 +51,8 @@ def test_a_replay_run_lists_its_replay_options_and_the_metrics_that_compare_runs
         replay=SelectiveReplay(strategy="uniform", replay_probability=1.0), mode="mix", min_buffer_size=1
     )
     events = fit(tmp_path, tiny_model_dir, [replay])
-    experiment, start = hparams_entry(events)
+    start = session_start(events)
+    experiment = tensorboard_experiment(tmp_path / "tb")
     assert [m.name.tag for m in experiment.metric_infos] == list(HPARAMS_METRICS)
     assert start.hparams["ReplayCallback.mode"].string_value == "mix"
     assert start.hparams["ReplayCallback.mix_fraction"].number_value == 0.5
@@ -65,25 +68,34 @@ def test_a_replay_run_lists_its_replay_options_and_the_metrics_that_compare_runs
     assert events.Scalars("replay/replayed_steps")[-1].value == replay.replayed_steps > 0
 
 
-def default_columns(experiment, shown=5):
-    """The option columns TensorBoard's HParams table shows before any is ticked: its backend sorts the
-    experiment's options (`differs` first, then by name) and its table shows the first five."""
-    backend_context._sort_and_reduce_to_hparams_limit(experiment)
-    return [info.name for info in experiment.hparam_infos[:shown]]
-
-
-def test_a_grpo_and_an_exgrpo_run_open_on_the_options_that_tell_them_apart(tmp_path, tiny_model_dir):
+def test_the_columns_are_the_options_that_differ_between_the_folders_runs(tmp_path, tiny_model_dir):
     replay = ReplayCallback(replay=SelectiveReplay(strategy="uniform"), mode="mix", min_buffer_size=1)
-    grpo = fit(tmp_path, tiny_model_dir, [])  # version_0, the run TensorBoard reads first
-    exgrpo = fit(tmp_path, tiny_model_dir, [replay])
-    (grpo_experiment, grpo_start), (exgrpo_experiment, exgrpo_start) = map(hparams_entry, (grpo, exgrpo))
-    # Whichever run's experiment TensorBoard takes for the table, it opens on the same columns.
-    assert default_columns(grpo_experiment) == default_columns(exgrpo_experiment) == sorted(COMPARED_HPARAMS)
-    assert "learning_rate" in grpo_start.hparams and "ReplayCallback.mode" not in grpo_start.hparams
-    assert exgrpo_start.hparams["ReplayCallback.mode"].string_value == "mix"
-    assert exgrpo_start.hparams["ReplayCallback.replay.strategy"].string_value == "uniform"
-    # The run's other options stay in its experiment, to tick.
-    assert "ReplayCallback.buffer.max_size" in {info.name for info in exgrpo_experiment.hparam_infos}
+    grpo = session_start(fit(tmp_path, tiny_model_dir, []))
+    exgrpo = session_start(fit(tmp_path, tiny_model_dir, [replay], learning_rate=3e-4, entropy_coef=1e-3))
+    # TensorBoard's table opens on the first five options of the experiment it serves (the folder's own):
+    # those whose values differ between the two runs, then the rest by name.
+    experiment = tensorboard_experiment(tmp_path / "tb")
+    differ = [info.name for info in experiment.hparam_infos if info.differs]
+    assert differ == [
+        "ReplayCallback.mix_fraction",
+        "ReplayCallback.mode",
+        "ReplayCallback.placement",
+        "entropy_coef",
+        "learning_rate",
+    ]
+    assert (tmp_path / "tb" / FOLDER_SUMMARY).is_file()
+    # Every run has a value on those axes (parallel coordinates draws both): GRPO's replay is "off".
+    assert {name: grpo.hparams[name].WhichOneof("kind") for name in OFF_WITHOUT_REPLAY} == {
+        "ReplayCallback.mode": "string_value",
+        "ReplayCallback.mix_fraction": "number_value",
+        "ReplayCallback.placement": "string_value",
+    }
+    assert grpo.hparams["ReplayCallback.mode"].string_value == "off"
+    assert exgrpo.hparams["ReplayCallback.mode"].string_value == "mix"
+    # Options only the replay run has are listed, to tick, without being marked as differing.
+    names = {info.name: info for info in experiment.hparam_infos}
+    assert not names["ReplayCallback.buffer.max_size"].differs and not names["loss_type"].differs
+    assert not [name for name in names if name.split(".")[-1].startswith("_")]
 
 
 def test_run_hparams_are_plain_values_a_callback_contributes_its_mapping():
@@ -100,4 +112,6 @@ def test_run_hparams_are_plain_values_a_callback_contributes_its_mapping():
         "lora": "{'r': 8}",
         "WithOptions.mode": "mix",
         "WithOptions.sizes": "[1, 2]",
+        **OFF_WITHOUT_REPLAY,  # no ReplayCallback among the callbacks
     }
+    assert "_instantiator" not in run_hparams({"_instantiator": "lightning.pytorch.cli.instantiate"}, [])
