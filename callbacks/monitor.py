@@ -56,10 +56,10 @@ class DifficultyMonitor(Callback):
       `monitor/staleness` (`global_step - policy_version` of each buffered trajectory, in optimizer
       updates) and, with more than one domain, `monitor/correctness_rate/<domain>` (the domain's
       non-retired questions);
-    - scalars `monitor/tier_{i}` (known questions per difficulty tier), `monitor/entropy_p{p}` (the `p`-th
-      percentile of the pooled entropies, for each of the buffer's `entropy_percentiles`: the edges of the
-      entropy bands that selection reads), `monitor/retired` (distinct retired questions) and
-      `monitor/buffer_size`;
+    - scalars `monitor/questions_by_tier_{i}` (known questions per difficulty tier),
+      `monitor/entropy_p{p}` (the `p`-th percentile of the pooled entropies, for each of the buffer's
+      `entropy_percentiles`: the edges of the entropy bands that selection reads), `monitor/retired`
+      (distinct retired questions) and `monitor/buffer_size`;
     - the image `monitor/difficulty_entropy_heatmap`: the buffered trajectories counted by their question's
       tier (x, hardest left) and their entropy (y, `ENTROPY_BINS` equal bins, lowest at the bottom), with
       tick labels, each cell's count and a colour bar, drawn with matplotlib (`callbacks/heatmap.py`; without
@@ -76,7 +76,7 @@ class DifficultyMonitor(Callback):
 
     Args:
         log_every_n_steps: training batches between two rounds of buffer statistics, >= 1.
-        num_tiers: number of equal-width correctness-rate tiers for `monitor/tier_{i}` and the heatmap, >= 1.
+        num_tiers: equal-width correctness-rate tiers (`monitor/questions_by_tier_{i}`, the heatmap), >= 1.
         completion_table_every_n_steps: training batches between two completion tables; 0 disables them.
         completion_samples: rows per completion table, >= 1.
     """
@@ -178,7 +178,7 @@ class DifficultyMonitor(Callback):
 
         tiers = tier_of(torch.from_numpy(rates), self.num_tiers)
         tier_counts = torch.bincount(tiers, minlength=self.num_tiers).tolist()
-        scalars = {f"monitor/tier_{i}": float(c) for i, c in enumerate(tier_counts)}
+        scalars = {f"monitor/questions_by_tier_{i}": float(c) for i, c in enumerate(tier_counts)}
         if entropy.size:  # the band edges: the band counts are the percentiles' shares by construction
             percentiles = buffer.entropy_percentiles
             for percentile, edge in zip(percentiles, np.percentile(entropy, percentiles)):

@@ -4,7 +4,8 @@ Each rank replays and stores its own share of the batch, so a chart of one rank'
 of the run. The charts are one all-reduce over the ranks: what each rank holds or counts (the buffer, its
 tiers, the retired questions, the joined or refilled groups, the deferred questions) is the total over ranks;
 what is a share or a decision (the replayed fractions, whether replay is active, the step counts, which every
-rank takes alike) is the mean over ranks; `replay/staleness` is the mean age of every rank's replayed rows.
+rank takes alike) is the mean over ranks; `replay/staleness` is the mean age of every rank's replayed rows,
+logged only on steps that replayed (Lightning would write its last value on the others).
 `timing/*` stay this rank's seconds (rank 0's are the ones logged).
 """
 
@@ -16,11 +17,16 @@ from lightning.pytorch import Trainer
 
 from exgrpo_pl.callbacks import placement
 from exgrpo_pl.callbacks.collectives import totals_and_means
+from exgrpo_pl.lightning_internals import forget_step_metrics
+
+# Logged only on the steps they describe: a step without them must not repeat an earlier step's value.
+REPLAYED_ONLY = ("replay/staleness",)
 
 
 def replay_metrics(callback, trainer: Trainer, rollouts) -> dict[str, float]:
     """The step's `replay/*` metrics over all ranks, and this rank's `timing/replay_*`; every rank must call
-    it on the same steps (it all-reduces).
+    it on the same steps (it all-reduces). On a step that replayed nothing, `REPLAYED_ONLY` metrics logged
+    on an earlier step are left out of what Lightning writes.
 
     Args:
         callback: the `ReplayCallback`.
@@ -33,7 +39,10 @@ def replay_metrics(callback, trainer: Trainer, rollouts) -> dict[str, float]:
     totals: dict[str, Any] = {
         "replay/buffer_size": len(buffer),
         "replay/retired": len(buffer.bucketer.retired),
-        **{f"replay/tier_{tier}": count for tier, count in enumerate(buffer.stats()["tier_counts"].tolist())},
+        **{
+            f"replay/stored_by_tier_{tier}": n
+            for tier, n in enumerate(buffer.stats()["tier_counts"].tolist())
+        },
         "stale_steps": float((trainer.global_step - rollouts.policy_version[replayed].float()).sum()),
         "stale_rows": int(replayed.sum()),
     }
@@ -45,7 +54,8 @@ def replay_metrics(callback, trainer: Trainer, rollouts) -> dict[str, float]:
             totals["replay/deferred_questions"] = waiting
         totals["replay/deferred_total"] = callback.deferred_total
     means = {
-        "replay/active": float(callback.replay_active(trainer)),
+        # Whether this step could replay: the triggers hold and the buffer holds min_buffer_size.
+        "replay/active": float(callback.replay_active(trainer) and len(buffer) >= callback.min_buffer_size),
         # A mixed group is one stored row and K-1 fresh ones: the share of questions is what mix_fraction
         # sets, the share of rows what the loss sees.
         "replay/question_fraction": rollouts.question_ids[replayed].unique().numel() / max(questions, 1),
@@ -58,4 +68,7 @@ def replay_metrics(callback, trainer: Trainer, rollouts) -> dict[str, float]:
     stale_steps, stale_rows = metrics.pop("stale_steps"), metrics.pop("stale_rows")
     if stale_rows:
         metrics["replay/staleness"] = stale_steps / stale_rows
+    forget_step_metrics(
+        trainer, "on_train_batch_end", [name for name in REPLAYED_ONLY if name not in metrics]
+    )
     return {**metrics, **callback.last_timings}

@@ -227,16 +227,18 @@ class RunLogger(TensorBoardLogger):
         super().log_metrics(metrics, step)
 
 
-# The charts the dashboard link pins: the validation curve, the reward, and what replay took.
+# The charts the dashboard link pins: the validation curve, the reward, and the share of each update that
+# replayed rows drive (what replay does to the batch, not how much of it the configuration hands over).
 PINNED_SCALARS = ("val/pass@1", "train/reward")
-PINNED_REPLAY = "replay/question_fraction"
+PINNED_REPLAY = "train/replayed_share"
 
 
 def dashboard_link(run: str, callbacks: list[Any], port: int = 6006) -> str:
     """A link to `tensorboard --logdir ROOT`'s page (at its default port) that opens with the validation
-    curve, the reward and, where the run has them, the replayed share of questions and the latest heatmap
-    of `run` (its folder under ROOT) pinned above every group: TensorBoard reads the pins from the link's
-    `pinnedCards`, while its plain page opens only the first two groups of charts by name, 12 charts each."""
+    curve, the reward and, where the run has them, the replayed rows' share of the update and the latest
+    heatmap of `run` (its folder under ROOT) pinned above every group: TensorBoard reads the pins from the
+    link's `pinnedCards`, while its plain page opens only the first two groups of charts by name, 12 charts
+    each."""
     cards: list[dict[str, Any]] = [{"plugin": "scalars", "tag": tag} for tag in PINNED_SCALARS]
     if any(isinstance(callback, ReplayCallback) for callback in callbacks):
         cards.append({"plugin": "scalars", "tag": PINNED_REPLAY})

@@ -76,7 +76,7 @@ def test_fit_ends_with_a_tensorboard_link_pinning_charts_the_run_logged(tiny_arg
     pinned = {card["plugin"]: [] for card in cards}
     for card in cards:
         pinned[card["plugin"]].append(card["tag"])
-    assert pinned["scalars"] == ["val/pass@1", "train/reward", "replay/question_fraction"]
+    assert pinned["scalars"] == ["val/pass@1", "train/reward", "train/replayed_share"]
     assert set(pinned["scalars"]) <= set(events.Tags()["scalars"])
     # The heatmap's card names this run as TensorBoard does when given the folder above it.
     (image,) = [card for card in cards if card["plugin"] == "images"]

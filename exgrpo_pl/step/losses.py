@@ -219,6 +219,7 @@ def compute_grpo_loss(
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
     clip: bool = True,
+    weigh_replayed: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The clipped GRPO surrogate, with ExGRPO's weighted objective on replayed rows (TRL's `_compute_loss`).
 
@@ -254,6 +255,10 @@ def compute_grpo_loss(
         entropy_coef: the loss is lowered by this times the mean entropy of the whole batch's masked tokens.
         clip: False drops the clipping of on-policy rows: their term is -r' A (the official ExGRPO code's
             `loss_remove_clip`, which it applies once replay has started).
+        weigh_replayed: add `pg_weight` and `replayed_pg_weight` to the statistics (when `logps` has a
+            gradient): the sum of |d loss / d logps| over every masked token and over the replayed rows'
+            ones, for the policy-gradient part of the loss (KL and entropy bonus left out), so their ratio
+            is the share of the update that replayed rows drive (`PolicyUpdate` logs it).
 
     Returns:
         The scalar loss and detached statistics: clip_ratio (share of on-policy tokens clipped), kl,
@@ -285,6 +290,17 @@ def compute_grpo_loss(
         on_mask = mask
     stats["clip_ratio"] = masked_mean(is_clipped.to(logps.dtype), on_mask).detach()
 
+    if weigh_replayed and logps.requires_grad:
+        # An extra backward through the elementwise terms only (it stops at `logps`): f(w)'s slope, not f(w),
+        # is what a replayed token weighs in the gradient (shaping's w / (w + beta) is nearly flat at w = 1).
+        (slopes,) = torch.autograd.grad(
+            _reduce(per_token, maskf, normaliser, loss_type), logps, retain_graph=True
+        )
+        weights = slopes.detach().abs() * maskf  # [N, L]
+        stats["pg_weight"] = weights.sum()
+        off = replayed.unsqueeze(1) if replayed is not None else torch.zeros_like(mask[:, :1])
+        stats["replayed_pg_weight"] = (weights * off).sum()
+
     if beta > 0.0:
         if ref_logps is None:
             raise ValueError("compute_grpo_loss: beta > 0 needs ref_logps")
@@ -293,16 +309,20 @@ def compute_grpo_loss(
         stats["kl"] = masked_mean(kl.detach(), mask)
         per_token = per_token + beta * (kl * ratio if use_bias_correction_kl else kl)
 
-    if loss_type == "grpo":
-        per_seq = (per_token * maskf).sum(1) / maskf.sum(1).clamp(min=1)  # [N]
-        loss = per_seq.sum() / normaliser.num_sequences
-    elif loss_type == "dr_grpo":
-        loss = (per_token * maskf).sum() / (normaliser.num_sequences * normaliser.max_completion_length)
-    else:
-        loss = (per_token * maskf).sum() / max(normaliser.num_tokens, 1)
+    loss = _reduce(per_token, maskf, normaliser, loss_type)
     if entropy_coef > 0.0:
         if entropy is None:
             raise ValueError("compute_grpo_loss: entropy_coef > 0 needs entropy")
         # A bonus: higher entropy lowers the loss. A token mean whatever the loss type, as TRL's.
         loss = loss - entropy_coef * (entropy * maskf).sum() / max(normaliser.num_tokens, 1)
     return loss * normaliser.world_size, stats
+
+
+def _reduce(per_token: Tensor, maskf: Tensor, normaliser: LossNormaliser, loss_type: str) -> Tensor:
+    """The loss type's reduction of `[N, L]` per-token terms over the masked tokens (`maskf`)."""
+    if loss_type == "grpo":
+        per_seq = (per_token * maskf).sum(1) / maskf.sum(1).clamp(min=1)  # [N]
+        return per_seq.sum() / normaliser.num_sequences
+    if loss_type == "dr_grpo":
+        return (per_token * maskf).sum() / (normaliser.num_sequences * normaliser.max_completion_length)
+    return (per_token * maskf).sum() / max(normaliser.num_tokens, 1)

@@ -87,7 +87,10 @@ class PolicyUpdate:
 
         Returns:
             Detached statistics: loss, clip_ratio, is_weight, kl (means over the step's updates), grad_norm
-                (of the last update), nonfinite_steps; loss is NaN when an update was skipped. Under data
+                (of the last update), nonfinite_steps, and replayed_share (the share of the step's
+                policy-gradient weight on this rank that came from replayed rows, `compute_grpo_loss`'s
+                `weigh_replayed`; 0 on a step that replays nothing once replay has started, absent
+                before); loss is NaN when an update was skipped. Under data
                 parallelism the loss is this rank's share of the whole batch's loss times the number of
                 ranks (`LossNormaliser`): its mean over the ranks is the batch's loss.
         """
@@ -109,6 +112,7 @@ class PolicyUpdate:
         # The official code's `loss_remove_clip`: fresh rows unclipped once replay has started.
         clip = hp.clip_after_replay_starts or not self.replay_started()
         weight = 1.0 / (hp.num_iterations * len(updates))  # each update's share of the step's statistics
+        weigh_replayed = bool(rollouts.replayed.any())
         totals: dict[str, float] = {}
         finite = True
         for iteration in range(hp.num_iterations):
@@ -129,7 +133,7 @@ class PolicyUpdate:
                         logps, old_logps[rows], rollouts.advantages[rows], loss_mask[rows], normaliser,
                         importance_weights=weights, replayed=rollouts.replayed[rows],
                         ref_logps=self.reference_logps(rollouts, rows), entropy=entropy, clip=clip,
-                        **loss_options(hp),
+                        weigh_replayed=weigh_replayed, **loss_options(hp),
                     )  # fmt: skip
                     finite = self._finite_on_every_rank(loss)
                     if not finite:
@@ -145,6 +149,11 @@ class PolicyUpdate:
         if finite:
             self.nonfinite.passed()
         totals["nonfinite_steps"] = float(self.nonfinite.skipped)
+        if "pg_weight" in totals:
+            replayed, every = totals.pop("replayed_pg_weight"), totals.pop("pg_weight")
+            totals["replayed_share"] = replayed / every if every > 0 else 0.0
+        elif self.replay_started():
+            totals["replayed_share"] = 0.0
         return {key: torch.as_tensor(value) for key, value in totals.items()}
 
     def _optimizer_step(self, optimizer, scheduler, finite: bool, totals: dict[str, float]) -> bool:
@@ -330,8 +339,11 @@ def mini_batch_rows(num_rows: int, group_size: int, count: int, stored_only: boo
     return [torch.nonzero(group_of_row % count == update).squeeze(1) for update in range(count)]
 
 
+_SUMMED = ("loss", "pg_weight", "replayed_pg_weight")  # normalised by the update's mini-batch already
+
+
 def _accumulate(totals: dict[str, float], values: dict[str, Tensor], weight: float, share: float) -> None:
-    """Sum the loss over micro-batches (it is already normalised by the update's mini-batch) and weigh it
-    by the update's share of the step; average the rest."""
+    """Sum the loss (and the policy-gradient weights) over micro-batches (each is already normalised by
+    the update's mini-batch) and weigh it by the update's share of the step; average the rest."""
     for key, value in values.items():
-        totals[key] = totals.get(key, 0.0) + (weight if key == "loss" else share) * float(value)
+        totals[key] = totals.get(key, 0.0) + (weight if key in _SUMMED else share) * float(value)

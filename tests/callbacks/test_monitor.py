@@ -84,7 +84,7 @@ def test_tensorboard_gets_histograms_heatmap_completions_and_tier_counts(tmp_pat
     assert [i.step for i in events.Images("monitor/difficulty_entropy_heatmap")] == [1, 2, 3, 4]
     assert any(t.startswith("monitor/completions") for t in tags["tensors"])  # add_text stores a tensor
     scalars = set(tags["scalars"])
-    assert {f"monitor/tier_{i}" for i in range(5)} <= scalars
+    assert {f"monitor/questions_by_tier_{i}" for i in range(5)} <= scalars
     assert {"monitor/entropy_p25", "monitor/entropy_p50", "monitor/entropy_p75"} <= scalars
     assert {"monitor/retired", "monitor/buffer_size"} <= scalars
     # No series that says nothing: band counts are the percentiles' shares, the replayed share is replay's.
@@ -94,7 +94,7 @@ def test_tensorboard_gets_histograms_heatmap_completions_and_tier_counts(tmp_pat
     last = lambda tag: events.Scalars(tag)[-1]  # noqa: E731
     assert last("monitor/buffer_size").value == len(replay.buffer) > 0
     assert last("monitor/buffer_size").step == trainer.global_step == 4
-    tiers = sum(last(f"monitor/tier_{i}").value for i in range(5))
+    tiers = sum(last(f"monitor/questions_by_tier_{i}").value for i in range(5))
     assert tiers == len(replay.buffer.bucketer.known_questions())
     edges = np.percentile(replay.buffer.entropies().numpy().astype(np.float64), [25, 50, 75])
     assert [last(f"monitor/entropy_p{p}").value for p in (25, 50, 75)] == pytest.approx(edges.tolist())
@@ -135,7 +135,7 @@ def test_csv_logger_gets_the_scalars_and_one_warning(tmp_path, tiny_model_dir, r
     with open(f"{trainer.logger.log_dir}/metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("monitor/buffer_size")]
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
-    assert {f"monitor/tier_{i}" for i in range(5)} <= set(rows[-1])
+    assert {f"monitor/questions_by_tier_{i}" for i in range(5)} <= set(rows[-1])
     replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
     assert float(rows[-1]["monitor/buffer_size"]) == len(replay.buffer)
 

@@ -139,6 +139,25 @@ def test_replayed_rows_use_importance_weights_without_clipping():
         compute_grpo_loss(logps, old, torch.ones(2), mask, LossNormaliser(2, 2, 1), replayed=replayed)
 
 
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_the_replayed_share_weighs_each_token_by_its_slope_in_the_loss(loss_type):
+    # One fresh and one replayed row of one token, A = 1 and 2, w = 1: the fresh token's slope is r A = 1,
+    # the replayed one's is A d f(w) / d log w = 2 beta w / (w + beta)^2 (not f(w) = 1 / 1.1).
+    logps = torch.log(torch.tensor([[0.5], [0.5]])).requires_grad_()
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    replayed = torch.tensor([False, True])
+    weights = compute_importance_weights(logps, logps.detach(), mask, "shaping", 0.1)
+    _, stats = compute_grpo_loss(
+        logps, logps.detach(), torch.tensor([1.0, 2.0]), mask, LossNormaliser(2, 2, 1),
+        loss_type=loss_type, importance_weights=weights, replayed=replayed, weigh_replayed=True,
+    )  # fmt: skip
+    slope = 2 * 0.1 / 1.1**2
+    assert float(stats["replayed_pg_weight"] / stats["pg_weight"]) == pytest.approx(slope / (1 + slope))
+    assert logps.grad is None  # the weights' backward leaves the loss's own to the caller
+    _, plain = compute_grpo_loss(logps, logps.detach(), torch.ones(2), mask, LossNormaliser(2, 2, 1))
+    assert "pg_weight" not in plain
+
+
 def test_kl_and_entropy_terms():
     logps = torch.log(torch.tensor([[0.5]]))
     ref = torch.log(torch.tensor([[0.25]]))
