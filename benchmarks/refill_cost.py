@@ -6,7 +6,8 @@ of a batch until no dead group is left, at most 10).
 
 Each variant is the learning benchmark's of that name (benchmarks/learning.py `VARIANTS`), trained `--steps`
 steps on its task (`task_overlay`), and records per step the completion tokens generated (every round), the
-wall time from one batch start to the next, the groups whose places were filled and the generation rounds.
+wall time from one batch start to the next, its dead groups (K equal rewards) before and after their places
+were filled (a placed group may be dead too: "dead groups removed" is the net gain) and the generation rounds.
 Prints each variant's means and their ratios to GRPO's, over all steps and over the steps that took more
 than one round, and writes benchmarks/results/refill_cost.json.
 
@@ -45,27 +46,27 @@ VARIANTS = {
 
 
 class Meter(Callback):
-    """Per step: (completion tokens generated, seconds from this batch start to the next, groups whose
-    places were filled, generation rounds)."""
+    """Per step: (completion tokens generated, seconds from this batch start to the next, dead groups of the
+    first round, dead groups trained on, generation rounds)."""
 
     def __init__(self) -> None:
-        self.steps: list[tuple[int, float, int, int]] = []
-        self._started, self._tokens, self._filled, self._rounds = None, 0, 0, 1
+        self.steps: list[tuple[int, float, int, int, int]] = []
+        self._started, self._tokens, self._dead, self._rounds = None, 0, (0, 0), 1
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         now = time.perf_counter()
         if self._started is not None:
             tokens = pl_module.generated_tokens - self._tokens
-            self.steps.append((tokens, now - self._started, self._filled, self._rounds))
+            self.steps.append((tokens, now - self._started, *self._dead, self._rounds))
         self._started, self._tokens = now, pl_module.generated_tokens
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         metrics = pl_module.last_step_metrics
-        self._filled = int(metrics["train/dead_groups_before"] - metrics["train/dead_groups_after"])
+        self._dead = (int(metrics["train/dead_groups_before"]), int(metrics["train/dead_groups_after"]))
         self._rounds = int(metrics["train/generation_rounds"])
 
 
-def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tuple[int, float, int, int]]:
+def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tuple[int, float, int, int, int]]:
     preset, change, _ = LEARNING_VARIANTS[VARIANTS[name]]
     overlay = task_overlay(task)
     overlay.setdefault("trainer", {}).update(max_steps=steps + 1, val_check_interval=None)
@@ -86,15 +87,16 @@ def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tupl
     return meter.steps
 
 
-def summary(steps: list[tuple[int, float, int, int]], grpo: list[tuple[int, float, int, int]]) -> dict:
+def summary(steps: list[tuple], grpo: list[tuple]) -> dict:
     tokens, seconds = statistics.mean(s[0] for s in steps), statistics.mean(s[1] for s in steps)
-    further = [s for s in steps if s[3] > 1]  # steps with a further generation round
+    further = [s for s in steps if s[4] > 1]  # steps with a further generation round
     out = {
         "tokens_per_step": tokens, "seconds_per_step": seconds,
         "tokens_vs_grpo": tokens / statistics.mean(s[0] for s in grpo),
         "seconds_vs_grpo": seconds / statistics.mean(s[1] for s in grpo),
-        "refilling_steps": len(further), "refilled_groups_per_step": statistics.mean(s[2] for s in steps),
-        "rounds_per_step": statistics.mean(s[3] for s in steps),
+        "refilling_steps": len(further), "dead_groups_per_step": statistics.mean(s[2] for s in steps),
+        "dead_groups_removed_per_step": statistics.mean(s[2] - s[3] for s in steps),
+        "rounds_per_step": statistics.mean(s[4] for s in steps),
     }  # fmt: skip
     if further:
         out["tokens_per_refilling_step"] = statistics.mean(s[0] for s in further)
