@@ -1,8 +1,8 @@
 """Lightning callbacks of exgrpo-pl, installed as `exgrpo_pl.callbacks`.
 
 - `replay`: `ReplayCallback`, which turns a GRPO LightningModule into ExGRPO, with its checks
-  (`replay_checks`), its rescoring of stored trajectories (`rescoring`) and how its ranks agree
-  (`collectives`).
+  (`replay_checks`, and `module_checks` on what a module of one's own hands over), its rescoring of stored
+  trajectories (`rescoring`) and how its ranks agree (`collectives`).
 - `monitor`: `DifficultyMonitor`, the replay buffer drawn in TensorBoard.
 - `export`: `ExportPolicy`, the trained policy as a Hugging Face model folder when training ends.
 

@@ -17,7 +17,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from exgrpo_pl.callbacks import placement, replay_checks, replay_state
+from exgrpo_pl.callbacks import module_checks, placement, replay_checks, replay_state
 from exgrpo_pl.callbacks.collectives import all_ranks, min_across_ranks, union_across_ranks
 from exgrpo_pl.callbacks.global_rng import global_rng_state, restore_global_rng_state
 from exgrpo_pl.callbacks.replay_metrics import replay_metrics
@@ -126,6 +126,7 @@ class ReplayCallback(Callback):
         self.pass_rate_reached = False  # whether a step's fresh pass rate exceeded start_pass_rate
         self.fallback_steps = 0
         self.replayed_steps = 0
+        self._fresh_rows_seen, self._nonzero_reward_seen = 0, False  # this process's run: see note_rewards
         # Seconds of this step's replay bookkeeping (buffer add, sampling, rescoring); logged on logging
         # steps, readable on every step (benchmarks/overhead.py sums them).
         self.last_timings: dict[str, float] = {}
@@ -185,9 +186,11 @@ class ReplayCallback(Callback):
         if self._resumed_at == "epoch end":
             settle_resumed_step_count(trainer)
         replay_checks.warn_if_unreachable(self, trainer, pl_module.num_generations)
+        module_checks.warn_if_loader_cannot_resume(trainer, pl_module)
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        module_checks.warn_if_rewards_all_zero(self)
         replay_checks.warn_if_never_replayed(self, trainer)
 
     @override
@@ -290,8 +293,11 @@ class ReplayCallback(Callback):
         checked = len(self._contract.checked)
         rollouts = self._contract.check_outputs(outputs, batch, pl_module.num_generations)
         if len(self._contract.checked) > checked:  # the first step of its kind: its fields were checked
-            replay_checks.check_completion_mask(rollouts, replay_checks.eos_token_ids(pl_module))
+            eos = module_checks.eos_token_ids(pl_module)
+            module_checks.check_completion_mask(rollouts, eos)
+            module_checks.check_eos_trained(rollouts, eos)
         self._contract.check_module(pl_module, outputs, batch)
+        module_checks.note_rewards(self, rollouts)
         fresh = ~rollouts.replayed
         if self.start_pass_rate is not None and not self.pass_rate_reached and bool(fresh.any()):
             pass_rate = rollouts.correct[fresh].float().mean()

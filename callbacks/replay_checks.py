@@ -14,6 +14,9 @@
   checkpoint saved without a `ReplayCallback` is said to start replay afresh.
 - A shape error in a swap step that handed the module fewer than B x K rows gets a note naming the cause
   (a reshape by K) and the fix (`note_short_swap_step`).
+
+What the module itself hands over (completion masks, rewards, its training loader) is checked in
+`exgrpo_pl.callbacks.module_checks`.
 """
 
 from __future__ import annotations
@@ -22,10 +25,8 @@ import inspect
 import math
 from typing import Any
 
-import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.callbacks import placement
 from exgrpo_pl.contract import CONTRACT_DOC, REPLAY_MODES, ContractError
 from exgrpo_pl.validation import check_number
@@ -128,39 +129,6 @@ def check_mix_batch(callback, questions: int) -> None:
             " replays round(mix_fraction * B) questions and keeps at least one fresh, which needs"
             " batch_size >= 2. Raise the datamodule's batch_size, use mode='swap', or mix_fraction=1.0 to"
             " replay every question on purpose"
-        )
-
-
-def eos_token_ids(module) -> list[int]:
-    """The ids that end a completion for `module`: its `eos_token_ids`, else its tokenizer's `eos_token_id`
-    (none known: an empty list, and the completion-mask check is skipped)."""
-    ids = getattr(module, "eos_token_ids", None)
-    if ids is None:
-        ids = getattr(getattr(module, "tokenizer", None), "eos_token_id", None)
-    if ids is None:
-        return []
-    return [int(i) for i in ids] if isinstance(ids, (list, tuple)) else [int(ids)]
-
-
-def check_completion_mask(rollouts: RolloutBatch, eos_token_ids: list[int]) -> None:
-    """Raise a `ContractError` when a fresh row's `completion_mask` is True after its first EOS token.
-
-    Tokens after EOS are padding: in the mask they enter the loss, the stored entropy and the buffer (a
-    replayed row's padding weighted as if sampled). No ids (unknown EOS): nothing is checked.
-    """
-    if not eos_token_ids or not len(rollouts):
-        return
-    ids, mask = rollouts.completion_ids, rollouts.completion_mask  # [N, C]
-    is_eos = torch.isin(ids, torch.tensor(eos_token_ids, device=ids.device)) & mask  # [N, C]
-    after = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # [N, C] past the row's first EOS
-    bad = ((after & mask).any(1) & ~rollouts.replayed).nonzero().flatten().tolist()
-    if bad:
-        padded = int((after & mask)[bad].sum())
-        raise ContractError(
-            f"rollouts.completion_mask is True after the EOS token (ids {eos_token_ids}) in rows {bad[:8]} "
-            f"({padded} tokens): the padding after EOS would be trained on, counted in the entropy and "
-            "stored for replay. Mask up to and including the first EOS: is_eos = completion_ids == "
-            f"eos_token_id; completion_mask = is_eos.cumsum(1) - is_eos.long() == 0 (see {CONTRACT_DOC})"
         )
 
 

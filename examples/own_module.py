@@ -4,12 +4,19 @@ The module is plain GRPO: manual optimisation, `model.generate`, its own rewards
 clipped token loss. The marked lines make it ExGRPO: `ReplayMixin` gives it the contract's members and
 helpers; `replay_groups` calls the module's own sampler for what the batch needs (every question K times,
 or, when the callback put experience in the batch, the fresh questions K times and each replayed one K-1
-times, or nothing in swap mode) and returns the groups with their advantages; `record_behaviour` keeps the
-first forward's log-probs and entropy for the buffer; `replay_loss` weights the replayed rows' tokens by
-importance weights with policy shaping; the step returns what it trained on. Without the callback it trains
-plain GRPO, as before.
+times, or nothing in swap mode) and returns the groups with their advantages (`advantages="group"`: the
+library's group-normalised ones, which are this module's; a module with a definition of its own passes that
+method); `record_behaviour` keeps the first forward's log-probs and entropy for the buffer; `replay_loss`
+weights the replayed rows' tokens by importance weights with policy shaping; the step returns what it
+trained on. Without the callback it trains plain GRPO, as before. The reward it logs is the fresh rows'
+(the policy's own samples), not the stored rows' it replays.
+
+With `replay_placements` declaring "refill", `replay_groups` also fills the places of groups whose K rewards
+came out all equal with stored questions, K-1 new rollouts each, and the step returns the groups that gave
+way (`self.replay_gave_way`) for the callback's difficulty counts.
 
     python examples/own_module.py
+    python examples/own_module.py --placement refill
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from exgrpo_pl.rewards import ArithmeticReward
 
 class GRPO(ReplayMixin, LightningModule):  # replay
     """K sampled completions per prompt, rewards, group-normalised advantages, one clipped update a batch."""
+
+    replay_placements = ("displace", "join", "refill")  # refill: replay_groups fills dead groups' places
 
     def __init__(self, model: str = "embedded:tiny-arith", num_generations: int = 4, max_new_tokens: int = 6,
                  learning_rate: float = 5e-4, epsilon: float = 0.2) -> None:  # fmt: skip
@@ -69,9 +78,9 @@ class GRPO(ReplayMixin, LightningModule):  # replay
         return logits[:, prompt_ids.shape[1] - 1 : -1]
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        rollouts = self.replay_groups(batch, self.rollout)  # replay
+        rollouts = self.replay_groups(batch, self.rollout, advantages="group")  # replay
         prompt_ids, prompt_mask, completion_ids, completion_mask = rollouts.sequences  # replay
-        rewards, advantages = rollouts.rewards, rollouts.advantages  # replay
+        advantages = rollouts.advantages  # replay
         logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
         logps = torch.log_softmax(logits, -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # [N, C]
         self.record_behaviour(rollouts, logps, logits)  # replay
@@ -86,8 +95,9 @@ class GRPO(ReplayMixin, LightningModule):  # replay
         optimizer.zero_grad()
         self.manual_backward(loss)
         optimizer.step()
-        self.log("reward", rewards.float().mean(), prog_bar=True, batch_size=len(rewards))
-        return {"loss": loss, "rollouts": rollouts}  # replay
+        if len(fresh := self.fresh_rows(rollouts)):  # the policy's own samples (none on a swap step)
+            self.log("reward", fresh.rewards.mean(), prog_bar=True, batch_size=len(fresh))
+        return {"loss": loss, "rollouts": rollouts, "gave_way": self.replay_gave_way}  # replay
 
 
 class StepLog(Callback):
@@ -121,12 +131,13 @@ def main(argv: list[str] | None = None) -> Trainer:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
+    parser.add_argument("--placement", choices=["displace", "join", "refill"], default="displace")
     args = parser.parse_args(argv)
     seed_everything(0)
     log = StepLog()
+    replay = ReplayCallback(mode="mix", min_buffer_size=64, placement=args.placement)  # replay
     trainer = Trainer(max_steps=args.max_steps, accelerator="cpu", limit_val_batches=0, logger=False,
-                      enable_checkpointing=False,
-                      callbacks=[log, ReplayCallback(mode="mix", min_buffer_size=64)])  # replay  # fmt: skip
+                      enable_checkpointing=False, callbacks=[log, replay])  # fmt: skip
     data = PromptDataModule(synthetic=ArithmeticTask(num_questions=500), batch_size=args.batch_size)
     trainer.fit(GRPO(), data)
     print(log.summary())

@@ -58,9 +58,9 @@ class GRPO(ReplayMixin, LightningModule):
         return encoded.input_ids, encoded.attention_mask, completion_ids, completion_mask, rewards
 
     def training_step(self, batch: dict, batch_idx: int):
-        rollouts = self.replay_groups(batch, self.rollout)  # each question K times (K-1 if replayed), grouped
+        rollouts = self.replay_groups(batch, self.rollout, advantages="group")  # K each (K-1 if replayed)
         prompt_ids, prompt_mask, completion_ids, completion_mask = rollouts.sequences
-        rewards, advantages = rollouts.rewards, rollouts.advantages
+        advantages = rollouts.advantages  # "group": the library's, which were this module's (eps 1e-4)
         # One clipped update.
         ids = torch.cat([prompt_ids, completion_ids], 1)
         mask = torch.cat([prompt_mask, completion_mask], 1).long()
@@ -80,7 +80,8 @@ class GRPO(ReplayMixin, LightningModule):
         optimizer.zero_grad()
         self.manual_backward(loss)
         optimizer.step()
-        self.log("reward", rewards.float().mean(), prog_bar=True, batch_size=len(rewards))
+        if len(fresh := self.fresh_rows(rollouts)):  # the policy's own samples (none on a swap step)
+            self.log("reward", fresh.rewards.mean(), prog_bar=True, batch_size=len(fresh))
         return {"loss": loss, "rollouts": rollouts}
 
 

@@ -3,7 +3,9 @@ learning_yardstick.json, its verdict too, docs/reliability.md from resume_exact.
 docs/performance.md's quickstart row from quickstart_speed.json, docs/getting-started.md's spread of the
 quickstart over seeds from learning.json)."""
 
+import importlib
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -183,3 +185,21 @@ def test_the_search_index_holds_each_class_name_whole_in_lower_case():
         {**index["docs"][0], "names": "replaycallback difficultymonitor"},
         {"title": "Plain", "text": "no class here"},
     ]
+
+
+def test_the_replay_contract_agrees_with_the_code():
+    """Its code block is labelled a sketch, the loss helpers are named with their module, a replayed
+    question's columns are the stored ones (not None), and each import path it names imports."""
+    page = (ROOT / "docs" / "replay_contract.md").read_text()
+    first_block = page.index("```python")
+    assert page[:first_block].rstrip().rsplit("\n\n", 1)[-1].startswith("A sketch")
+    for name in ("LossNormaliser", "compute_grpo_loss"):
+        bare = re.findall(rf"(?<![.\w]){name}", page)
+        assert not bare, f"{name} named without its module (exgrpo_pl.step.losses.{name})"
+    assert "entries are None" not in page and "`RolloutBatch.columns`), None only for a column" in page
+    for path in set(re.findall(r"exgrpo_pl(?:\.\w+)+", page)):
+        module, _, name = path.rpartition(".")
+        try:
+            importlib.import_module(path)
+        except ModuleNotFoundError:
+            assert hasattr(importlib.import_module(module), name), f"{path} is not in the code"

@@ -9,16 +9,18 @@ module's transformers policy; override `replay_policy` if yours is not `self.pol
 
 Three more methods make a GRPO `training_step` honour `batch["experience"]` in a few lines
 (examples/own_module.py, docs/replay_contract.md): `replay_groups` (what to train on, sampled with your
-own sampler, with advantages from your `compute_advantages`), `record_behaviour` (the fresh rows' behaviour
-log-probs and entropy from your first forward) and `replay_loss` (the replayed rows' importance-weighted
+own sampler, with the advantages you say: your own definition or the library's; refilled too under
+`placement="refill"`), `record_behaviour` (the fresh rows' behaviour log-probs and entropy from your first
+forward) and `replay_loss` (the replayed rows' importance-weighted
 policy-gradient terms; add your KL and entropy terms after it). `fresh_rows` and `replayed_rows` split a
-step's rollouts for your own reward and accuracy logs.
+step's rollouts for your own reward and accuracy logs, and `fresh_groups` gives per-group metrics the
+groups of fresh rows, by `rollouts.group_size`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial, wraps
 
 import torch
 from torch import Tensor
@@ -28,8 +30,10 @@ from exgrpo_pl.contract import CONTRACT_DOC, ContractError
 from exgrpo_pl.lightning_internals import attached_trainer
 from exgrpo_pl.step.groups import record_behaviour, replayed_token_loss, sample_groups
 from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS
-from exgrpo_pl.step.losses import group_advantages
+from exgrpo_pl.step.losses import SCALE_REWARDS
+from exgrpo_pl.step.refill import AdvantageFn, advantages_of, dead_places, refill_plan, refilled
 from exgrpo_pl.step.rollout import num_micro_batches, score_entropy
+from exgrpo_pl.step.sampling import sample_plan
 from exgrpo_pl.step.update import sum_over_ranks
 
 
@@ -108,48 +112,125 @@ class ReplayMixin:
         return self._replay_setting("micro_batch_size", self.num_generations)
 
     # ------------------------------------------------------------- a replay-ready training_step
-    def replay_groups(self, batch: dict, rollout_fn: Callable[..., Sequence]) -> RolloutBatch:
+    replay_gave_way: RolloutBatch | None = None  # the latest refill step's groups that gave way
+
+    def replay_groups(
+        self,
+        batch: dict,
+        rollout_fn: Callable[..., Sequence],
+        advantages: AdvantageFn | str | None = None,
+    ) -> RolloutBatch:
         """The rows this step trains on, `batch["experience"]` honoured, with advantages, on `self.device`.
 
         `exgrpo_pl.step.groups.sample_groups` with K = `num_generations`, `global_step` as the policy version,
-        and `hparams.correct_threshold` (0.5) when the module has it. The advantages of groups of K (fresh and
-        mixed ones) are `compute_advantages` of their rewards, the module's own definition when it overrides
-        it, so that without replay the module trains exactly as it did before; a swap step's stored rows
-        keep the buffer's `reward - current rate`, scaled as `hparams.scale_rewards` ("group") says. Under
-        data parallelism "batch" scaling divides by the std of every rank's rewards (an all-reduce).
+        and `hparams.correct_threshold` (0.5) when the module has it. The groups of K (fresh, mixed and
+        refilled ones) get the advantages `advantages` says; a swap step's stored rows keep the buffer's
+        `reward - current rate`, scaled as `hparams.scale_rewards` ("group") says. Under data parallelism
+        "batch" scaling divides by the std of every rank's rewards (an all-reduce).
+
+        With `ReplayCallback(placement="refill")` (the module declares `replay_placements = ("displace",
+        "join", "refill")`) it refills too: the places of groups whose K rewards are all equal go to the
+        first stored rows of `batch["experience"]` (as many on every rank), each with K-1 rollouts of a
+        second `rollout_fn` call (`exgrpo_pl.step.refill`); the groups that gave way are then
+        `self.replay_gave_way` (None on other steps), which the step returns under `"gave_way"`.
+
+        A sampler that returns each reward function's rewards by name (`{"accuracy": [N], ...}` in place of
+        `rewards`) gets their sum as the row's reward, and each function's mean over the rows it sampled
+        (fresh rows only; none on a swap step) logged as `rewards/<name>`.
 
         Args:
             batch: the training batch.
             rollout_fn: `rollout_fn(prompts, **columns) -> (prompt_ids, prompt_mask, completion_ids,
                 completion_mask, rewards[, completions])`, one scored completion per prompt entry.
+            advantages: the module's own advantage definition, `[G, K]` group rewards -> `[G, K]`
+                (`advantages=self._compute_advantages`); or "group", "batch" or "none" for the library's
+                `group_advantages` (eps 1e-4) under that scaling; None: the module's `compute_advantages`,
+                and a `ContractError` naming both ways when it has none (no default replaces a module's
+                own advantages unasked).
         """
+        own, scale = self._advantage_choice(advantages)
+        parts: list[Mapping] = []
+        rollout_fn = _recording_reward_parts(rollout_fn, parts)
+        settings = {
+            "policy_version": self.global_step,
+            "correct_threshold": self._replay_setting("correct_threshold", 0.5),
+        }
+        ranks = partial(sum_over_ranks, attached_trainer(self))  # "batch": every rank's std
         rollouts = sample_groups(
-            batch, self.num_generations, rollout_fn,
-            scale_rewards=self._replay_setting("scale_rewards", "group"), policy_version=self.global_step,
-            correct_threshold=self._replay_setting("correct_threshold", 0.5),
-            sum_over_ranks=partial(sum_over_ranks, attached_trainer(self)),  # "batch": every rank's std
-        )  # fmt: skip
-        experience = batch.get("experience")
-        self._unweighted_replayed_rows = 0 if experience is None else len(experience.rollouts)
-        rollouts = rollouts.to(self.device)
+            batch, self.num_generations, rollout_fn, scale_rewards=scale, sum_over_ranks=ranks, **settings
+        ).to(self.device)
+        experience, self.replay_gave_way = batch.get("experience"), None
         k = rollouts.group_size
         if k == self.num_generations and len(rollouts):  # groups of K: not a swap step's stored rows
-            rewards = rollouts.rewards.view(-1, k)  # [G, K]
-            rollouts.advantages = self.compute_advantages(rewards).reshape(-1).to(rollouts.rewards.dtype)
+            if experience is not None and experience.placement == "refill":
+                rollouts, self.replay_gave_way = self._refill(
+                    rollouts, experience.rollouts, rollout_fn, settings, scale, own
+                )
+            elif own is not None:
+                rollouts.advantages = advantages_of(rollouts.rewards, k, scale, advantages=own)
+        self._unweighted_replayed_rows = 0 if experience is None else int(rollouts.replayed.sum())
+        self._log_reward_parts(parts)
         return rollouts
 
-    def compute_advantages(self, rewards: Tensor) -> Tensor:
-        """`[G, K]` advantages of `[G, K]` group rewards (a mixed group's stored row first).
-
-        Default: `exgrpo_pl.step.losses.group_advantages` under `hparams.scale_rewards` ("group", eps 1e-4;
-        "batch" divides by the std of every rank's rewards). Override it with your module's own definition
-        (another eps, no std division, ...): `replay_groups` then gives exactly the advantages your step
-        computed before it adopted replay.
-        """
+    def _advantage_choice(self, advantages: AdvantageFn | str | None) -> tuple[AdvantageFn | None, str]:
+        """(the module's advantage definition, or None for `group_advantages`; the reward scaling)."""
         scale = self._replay_setting("scale_rewards", "group")
-        ranks = partial(sum_over_ranks, attached_trainer(self))
-        flat = group_advantages(rewards.reshape(-1), rewards.shape[1], scale, sum_over_ranks=ranks)
-        return flat.view_as(rewards)
+        if callable(advantages):
+            return advantages, scale
+        if advantages in SCALE_REWARDS:
+            return None, advantages
+        name = type(self).__name__
+        if advantages is not None:
+            raise ValueError(
+                f"{name}.replay_groups advantages={advantages!r}: give a function of [G, K] group rewards "
+                f"returning [G, K] advantages, or one of {', '.join(SCALE_REWARDS)}"
+            )
+        own = getattr(self, "compute_advantages", None)
+        if callable(own):
+            return own, scale
+        candidates = [a for a in dir(type(self)) if "advantage" in a.lower() and not hasattr(ReplayMixin, a)]
+        found = (
+            f" {name} has {', '.join(candidates)}: if that is its definition, pass it." if candidates else ""
+        )
+        example = candidates[0] if candidates else "my_advantages"
+        raise ContractError(
+            f"{name}.replay_groups(batch, rollout_fn) was not told how to compute advantages, and {name} has "
+            f"no compute_advantages.{found} Pass the module's own, replay_groups(batch, self.rollout, "
+            f"advantages=self.{example}) ([G, K] group rewards -> [G, K] advantages, applied to every group "
+            "of K, refilled ones included), or advantages='group' for the library's group_advantages (eps "
+            f"1e-4; 'batch' and 'none' scale otherwise); see {CONTRACT_DOC}"
+        )
+
+    def _refill(
+        self, rollouts, pool, rollout_fn, settings, scale, own
+    ) -> tuple[RolloutBatch, RolloutBatch | None]:
+        """(rows to train on, groups that gave way): dead groups' places filled from the pool's first rows,
+        as many on every rank (a second generation round is collective under ZeRO-3)."""
+        places = dead_places(rollouts)
+        n = min(int(places.sum()), len(pool))
+        trainer = attached_trainer(self)
+        if trainer is not None and trainer.world_size > 1:
+            n = int(trainer.strategy.reduce(torch.tensor(n, device=self.device), reduce_op="min"))
+        k, ranks = rollouts.group_size, partial(sum_over_ranks, trainer)
+        if n == 0:
+            rollouts.advantages = advantages_of(rollouts.rewards, k, scale, ranks, own)
+            return rollouts, None
+        plan = refill_plan(pool, n, k)
+        fresh = sample_plan(plan, rollout_fn, **settings).to(self.device)
+        return refilled(rollouts, places, plan, fresh, scale, ranks, own)
+
+    def _log_reward_parts(self, parts: list[Mapping]) -> None:
+        """Each reward function's mean over the rows the sampler scored in this step, as `rewards/<name>`."""
+        if not parts or attached_trainer(self) is None:
+            return
+        for name in parts[0]:
+            values = [
+                torch.as_tensor(part[name], device=self.device).float() for part in parts if name in part
+            ]
+            rows = sum(len(v) for v in values)
+            self.log(
+                f"rewards/{name}", torch.cat(values).mean(), on_step=True, on_epoch=False, batch_size=rows
+            )
 
     def fresh_rows(self, rollouts: RolloutBatch) -> RolloutBatch:
         """The rows this policy sampled in this step (`replayed` False): what your own reward and accuracy
@@ -159,6 +240,17 @@ class ReplayMixin:
     def replayed_rows(self, rollouts: RolloutBatch) -> RolloutBatch:
         """The stored rows this step replayed (`replayed` True)."""
         return rollouts.select(rollouts.replayed, group_size=1)
+
+    def fresh_groups(self, rollouts: RolloutBatch, values: Tensor | None = None) -> Tensor:
+        """`[G, k]` per-row `values` (default: the rewards) of the step's groups whose rows are all fresh, k
+        being `rollouts.group_size`: what per-group metrics (a group's spread, the share of groups whose
+        rewards are all equal) should read. A mixed group (its stored row first) is left out, and a swap
+        step, whose stored rows come in groups of 1, has none (`[0, 1]`); reshaping by the configured K
+        instead would read the stored correct rows as groups."""
+        k = rollouts.group_size
+        values = rollouts.rewards if values is None else values
+        fresh = ~rollouts.replayed.view(-1, k).any(1)  # [G]
+        return values.reshape(-1, k)[fresh]
 
     def unweighted_replayed_rows(self) -> int:
         """Replayed rows the latest `replay_groups` returned that no `replay_loss` call has weighted since.
@@ -213,3 +305,18 @@ class ReplayMixin:
             is_weight = stats["is_weight"]
             self.log("train/is_weight", is_weight, on_step=True, on_epoch=False, batch_size=len(per_token))
         return per_token
+
+
+def _recording_reward_parts(
+    rollout_fn: Callable[..., Sequence], parts: list[Mapping]
+) -> Callable[..., Sequence]:
+    """`rollout_fn`, keeping each call's per-function rewards (a mapping in place of `rewards`) in `parts`."""
+
+    @wraps(rollout_fn)
+    def scored(prompts, **columns):
+        sampled = rollout_fn(prompts, **columns)
+        if isinstance(sampled, (tuple, list)) and len(sampled) > 4 and isinstance(sampled[4], Mapping):
+            parts.append(sampled[4])
+        return sampled
+
+    return scored

@@ -20,7 +20,8 @@ and `replayed_token_loss` puts the replayed rows' importance-weighted term into 
   baseline advantage put on the scale of on-policy ones (`replay_advantages`).
 
 The parts live in `exgrpo_pl.step.plan` (`plan_rollouts`, `RolloutPlan`), `exgrpo_pl.step.assembly`
-(`assemble_groups`, `replay_advantages`), `exgrpo_pl.step.sampling` (`sample_groups`, `fresh_rollouts`) and
+(`assemble_groups`, `replay_advantages`), `exgrpo_pl.step.sampling` (`sample_groups`, `sample_plan`,
+`fresh_rollouts`, `total_reward`) and
 `exgrpo_pl.step.forward` (`record_behaviour`, `replayed_token_loss`); import them from here. Plain PyTorch,
 no Lightning and no model.
 """
@@ -29,7 +30,7 @@ no Lightning and no model.
 # isort: off
 from exgrpo_pl.step.plan import RESERVED_KEYS, RolloutPlan, dataset_columns, plan_rollouts
 from exgrpo_pl.step.assembly import assemble_groups, replay_advantages
-from exgrpo_pl.step.sampling import SAMPLED, fresh_rollouts, sample_groups
+from exgrpo_pl.step.sampling import SAMPLED, fresh_rollouts, sample_groups, sample_plan, total_reward
 from exgrpo_pl.step.forward import record_behaviour, replayed_token_loss
 # isort: on
 
@@ -45,4 +46,6 @@ __all__ = [
     "replay_advantages",
     "replayed_token_loss",
     "sample_groups",
+    "sample_plan",
+    "total_reward",
 ]

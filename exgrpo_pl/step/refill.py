@@ -14,12 +14,18 @@ What fills the places is the one difference between three forms that share this 
     plan = refill_plan(pool, n, k)  or  plan_rollouts(questions, k)
     fresh = ...                                               # sample and score plan, as the first round
     trained, gave_way = placed(rollouts, places, assemble_groups(plan, fresh, "none"))
-    trained.advantages = group_advantages(trained.rewards, k, ...)   # once, over what is trained on
+    trained.advantages = advantages_of(trained.rewards, k, ...)      # once, over what is trained on
+
+`refilled` does the last two lines; a module with an advantage definition of its own (`[G, K] -> [G, K]`)
+passes it as `advantages=` and the trained groups get its advantages, not `group_advantages`'
+(`ReplayMixin.replay_groups` refills this way with a module's sampler).
 
 Part of a step (see `exgrpo_pl.step.groups`); plain PyTorch, no Lightning and no model.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -31,6 +37,8 @@ from exgrpo_pl.step.losses import SumOverRanks, group_advantages
 from exgrpo_pl.step.plan import RolloutPlan, plan_rollouts
 
 DYNAMIC_SAMPLING = ("off", "refill", "dapo")
+# A module's own advantage definition: `[G, K]` group rewards -> `[G, K]` advantages.
+AdvantageFn = Callable[[Tensor], Tensor]
 
 
 def idle_groups(rewards: Tensor, k: int) -> Tensor:
@@ -87,16 +95,41 @@ def refilled(
     fresh: RolloutBatch,
     scale_rewards: str,
     sum_over_ranks: SumOverRanks | None = None,
+    advantages: AdvantageFn | None = None,
 ) -> tuple[RolloutBatch, RolloutBatch]:
     """(the rows to train on, the groups that gave way): the first groups marked in `places` give their
     places to `plan`'s groups (a replayed question's stored row, then its K-1 rows of `fresh`; a fresh
-    question's K rows), placed whatever their rewards; advantages over the trained rows as
-    `assemble_groups` computes them (a "batch" std is that of the trained rows, every rank calling
-    together)."""
+    question's K rows), placed whatever their rewards; advantages over the trained rows (`advantages_of`).
+
+    Args:
+        rollouts: the step's scored groups of K.
+        places: `[G]` bool, the groups that may give their place (`dead_places`).
+        plan: the second round's plan (`refill_plan`, or `plan_rollouts` of fresh questions).
+        fresh: its sampled and scored rollouts, in plan order.
+        scale_rewards: "group", "batch" or "none", as `group_advantages` takes it (when `advantages` is None).
+        sum_over_ranks: as for `assemble_groups` (a "batch" std is that of every rank's trained rows, every
+            rank calling together).
+        advantages: the module's own advantage definition, `[G, K]` rewards -> `[G, K]`; None:
+            `group_advantages` under `scale_rewards`.
+    """
     k = rollouts.group_size
     trained, gave_way = placed(rollouts, places, assemble_groups(plan, fresh, "none"))
-    trained.advantages = group_advantages(trained.rewards, k, scale_rewards, sum_over_ranks=sum_over_ranks)
+    trained.advantages = advantages_of(trained.rewards, k, scale_rewards, sum_over_ranks, advantages)
     return trained, gave_way
+
+
+def advantages_of(
+    rewards: Tensor,
+    k: int,
+    scale_rewards: str,
+    sum_over_ranks: SumOverRanks | None = None,
+    advantages: AdvantageFn | None = None,
+) -> Tensor:
+    """`[N]` advantages of `rewards` (`[N]`, groups of `k` contiguous): the module's own definition
+    `advantages` (`[G, K]` -> `[G, K]`) when given, else `group_advantages` under `scale_rewards`."""
+    if advantages is None:
+        return group_advantages(rewards, k, scale_rewards, sum_over_ranks=sum_over_ranks)
+    return advantages(rewards.view(-1, k)).reshape(-1).to(rewards.dtype)
 
 
 def _groups(rollouts: RolloutBatch, which: Tensor) -> RolloutBatch:

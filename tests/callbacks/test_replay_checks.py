@@ -14,13 +14,8 @@ from test_contract import rows
 from test_replay_callback import fit, uniform_replay
 
 from exgrpo_pl.callbacks import ReplayCallback
-from exgrpo_pl.callbacks.replay_checks import (
-    _batches_left,
-    check_completion_mask,
-    defaults,
-    options,
-    warn_changed,
-)
+from exgrpo_pl.callbacks.module_checks import check_completion_mask
+from exgrpo_pl.callbacks.replay_checks import _batches_left, defaults, options, warn_changed
 from exgrpo_pl.contract import ContractError
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer

@@ -165,6 +165,55 @@ def test_the_step_log_says_how_many_steps_replayed_and_the_reward_before_and_aft
     )
 
 
+class LoggedReward(Callback):
+    """(the "reward" the module logged, the mean reward of the step's fresh rows), per step."""
+
+    def __init__(self):
+        self.pairs = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        rollouts = outputs["rollouts"]
+        fresh = rollouts.rewards[~rollouts.replayed].mean().item()
+        self.pairs.append((trainer.callback_metrics["reward"].item(), fresh))
+
+
+def test_the_logged_reward_is_the_fresh_rows_not_the_stored_ones(tmp_path, tiny_model_dir):
+    log = LoggedReward()
+    fit(tmp_path, Spied(tiny_model_dir), [replay("mix"), log], max_steps=3)
+    assert [logged for logged, _ in log.pairs] == pytest.approx([fresh for _, fresh in log.pairs])
+
+
+class SeldomRewarded(Spied):
+    """A reward the tiny model seldom earns: groups come out all 0 (dead), and a few have a correct row."""
+
+    def __init__(self, model_dir):
+        super().__init__(model_dir)
+        self.reward_fn = FormatReward(r"[12].*")
+
+
+class RecordGaveWay(Callback):
+    def __init__(self):
+        self.steps = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.steps.append((outputs["rollouts"], outputs["gave_way"]))
+
+
+def test_refill_fills_the_places_of_dead_groups_with_stored_questions(tmp_path, tiny_model_dir):
+    """`--placement refill`: replay_groups gives each dead group's place to a stored question (its stored row
+    first, then K-1 new rollouts of a second sampler call) and the step returns the groups that gave way."""
+    module, record = SeldomRewarded(tiny_model_dir), RecordGaveWay()
+    fit(tmp_path, module, [replay("mix", placement="refill"), record], max_steps=4)
+    refilled = [(r, g) for r, g in record.steps if r.replayed.any()]
+    assert refilled
+    for rollouts, gave_way in refilled:
+        k = rollouts.group_size
+        assert rollouts.replayed.view(-1, k)[:, 0].sum() == rollouts.replayed.sum()
+        assert len(gave_way) == int(rollouts.replayed.sum()) * k and not gave_way.rewards.any()
+    # every step samples its 16 rows; a refill step samples K-1 more for each stored question it places
+    assert module.sampled_rows[0] == 16 and any(n % 3 == 0 and n < 16 for n in module.sampled_rows[1:])
+
+
 @pytest.mark.slow
 def test_runs_as_a_script_on_the_embedded_policy(capsys):
     threads = torch.get_num_threads()

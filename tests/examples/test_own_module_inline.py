@@ -17,7 +17,7 @@ from exgrpo_pl.rewards import FormatReward
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # `diff examples/grpo_inline.py examples/own_module_inline.py`: lines removed ("<") and added (">").
-REMOVED, ADDED = 16, 20
+REMOVED, ADDED = 17, 22
 
 
 def load(name):
