@@ -20,6 +20,7 @@ from exgrpo_pl.step.groups import (
     replay_advantages,
     replayed_token_loss,
     sample_groups,
+    total_reward,
 )
 from exgrpo_pl.step.losses import (
     LossNormaliser,
@@ -371,3 +372,11 @@ def test_replayed_token_loss_on_a_clipped_surrogate_is_compute_grpo_loss(rows_sp
     assert stats.keys() == ({"is_weight"} if replayed.any() else set())  # what train/is_weight logs
     if replayed.any():
         assert torch.allclose(stats["is_weight"], expected_stats["is_weight"], equal_nan=True)
+
+
+def test_a_sampler_may_return_each_reward_functions_rewards_by_name():
+    parts = {"accuracy": [1.0, 0.0, 1.0], "format": torch.tensor([0.5, 0.5, 0.0])}
+    assert total_reward(parts).tolist() == [1.5, 0.5, 1.0]
+    assert total_reward([1, 0]).dtype == torch.float32
+    with pytest.raises(ValueError, match="empty mapping"):
+        total_reward({})

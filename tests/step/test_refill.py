@@ -4,7 +4,8 @@ way, DAPO's filter, where the new groups go, and that fresh and replayed sources
 import torch
 from test_batch import rollout_batch
 
-from exgrpo_pl.step.refill import dead_places, idle_groups, informative, placed
+from exgrpo_pl.step.losses import group_advantages
+from exgrpo_pl.step.refill import advantages_of, dead_places, idle_groups, informative, placed
 
 K = 2
 
@@ -63,3 +64,14 @@ def test_fresh_and_replayed_groups_take_the_same_places():
         True,
         False,
     ]
+
+
+def test_advantages_of_uses_the_modules_own_definition_when_given():
+    rewards = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])  # two groups of 4
+
+    def own(grouped):  # [G, K] -> [G, K]: mean-centred, no std division (another eps than the library's)
+        return grouped - grouped.mean(1, keepdim=True)
+
+    expected = [-0.75, 0.25, 0.25, 0.25, -0.25, -0.25, -0.25, 0.75]
+    assert advantages_of(rewards, 4, "group", advantages=own).tolist() == expected
+    assert torch.equal(advantages_of(rewards, 4, "group"), group_advantages(rewards, 4, "group"))
