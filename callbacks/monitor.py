@@ -27,7 +27,7 @@ from torch.utils.tensorboard.summary import image as image_summary
 from typing_extensions import override
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.callbacks.heatmap import draw_heatmap, heatmap_counts
+from exgrpo_pl.callbacks.heatmap import draw_heatmap, heatmap_counts, nice_ceiling
 from exgrpo_pl.callbacks.replay import ReplayCallback
 from exgrpo_pl.experience.difficulty import tier_of
 from exgrpo_pl.lightning_internals import batches_that_stepped
@@ -61,12 +61,17 @@ class DifficultyMonitor(Callback):
       `entropy_percentiles`: the edges of the entropy bands that selection reads), `monitor/retired`
       (distinct retired questions) and `monitor/buffer_size`;
     - the image `monitor/difficulty_entropy_heatmap`: the buffered trajectories counted by their question's
-      tier (x, hardest left) and their entropy (y, `ENTROPY_BINS` equal bins, lowest at the bottom), with
-      tick labels, each cell's count and a colour bar, drawn with matplotlib (`callbacks/heatmap.py`; without
-      matplotlib it warns once and logs the rest).
+      tier (x, hardest left) and their entropy (y, `ENTROPY_BINS` equal bins, lowest at the bottom), and
+      beside them the replayed rows trained on since the last picture, counted alike; with tick labels,
+      each cell's count and one colour bar, drawn with matplotlib (`callbacks/heatmap.py`; without
+      matplotlib it warns once and logs the rest). The bins and the colour scale stay as the run's first
+      picture set them (entropy from 0 to a round number above 1.25 times the first picture's highest,
+      higher ones in the top row; counts from 1 to the buffers' `max_size`, logarithmic), so that colours
+      and rows mean the same at every step; a resumed run sets them anew.
 
     Every `completion_table_every_n_steps` steps it logs `monitor/completions`, a Markdown table of
-    `completion_samples` random rows of global rank 0's latest rollouts.
+    `completion_samples` random rows of global rank 0's latest rollouts, up to half of them replayed ones
+    where the step had any (marked in its `replayed` column).
 
     Scalars go to every logger; histograms, images and text only to TensorBoard loggers (with none, it warns
     once). Without a `ReplayCallback` (which holds the buffer and the bucketer) it warns once and logs only
@@ -104,6 +109,10 @@ class DifficultyMonitor(Callback):
         self._warned: set[str] = set()
         self._can_draw = False  # setup() decides: a TensorBoard logger, a buffer, matplotlib
         self._rng = np.random.default_rng(0)  # private: sampling table rows must not move training's RNG
+        self._replayed: list[
+            tuple[torch.Tensor, torch.Tensor]
+        ] = []  # (question ids, entropy) since a picture
+        self._entropy_top: float | None = None  # the heatmap's top entropy edge, set by its first picture
 
     # ---------------------------------------------------------------------------------------- hooks
     @override
@@ -134,7 +143,12 @@ class DifficultyMonitor(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if isinstance(outputs, Mapping) and isinstance(outputs.get("rollouts"), RolloutBatch):
-            self._latest = outputs["rollouts"]
+            self._latest = rollouts = outputs["rollouts"]
+            if self._can_draw and bool(rollouts.replayed.any()):  # the heatmap's right panel
+                rows = rollouts.replayed
+                self._replayed.append(
+                    (rollouts.question_ids[rows].cpu(), rollouts.entropy[rows].detach().cpu())
+                )
         if not trainer.loggers:
             return
         # The batch count is the same on every rank, so every rank enters the collective below together; the
@@ -168,7 +182,13 @@ class DifficultyMonitor(Callback):
             "entropy": buffer.entropies().numpy(),
             "trajectory_rates": buffer.rates().numpy(),
             "staleness": buffer.staleness(trainer.global_step).numpy(),
+            "capacity": buffer.max_size,
         }
+        if self._replayed:
+            questions, entropies = (torch.cat(column) for column in zip(*self._replayed))
+            local["replayed_rates"] = bucketer.rates(questions).numpy()
+            local["replayed_entropy"] = entropies.float().numpy()
+        self._replayed = []
         parts = _gather(local)
         if not trainer.is_global_zero:
             return
@@ -204,19 +224,24 @@ class DifficultyMonitor(Callback):
                     _histogram(writer, f"monitor/correctness_rate/{name}", np.concatenate(values), step)
 
     def _log_heatmap(self, writers: list[Any], parts: list[dict], step: int) -> None:
-        """Draw `HEATMAP_TAG` from the pooled buffer: trajectories of questions the bucketer still knows."""
-        rates = np.concatenate([p["trajectory_rates"] for p in parts]).astype(np.float64)
-        entropy = np.concatenate([p["entropy"] for p in parts]).astype(np.float64)
-        known = ~np.isnan(rates)  # a trajectory whose question the bucketer forgot has no tier
-        if not known.any():
+        """Draw `HEATMAP_TAG` from the pooled buffer (trajectories of questions the bucketer still knows) and
+        the replayed rows since the last picture, on the run's bins and colour scale."""
+        rates, entropy = _known(parts, "trajectory_rates", "entropy")
+        replayed_rates, replayed_entropy = _known(parts, "replayed_rates", "replayed_entropy")
+        if not rates.size:
             return
-        counts, edges = heatmap_counts(rates[known], entropy[known], self.num_tiers, ENTROPY_BINS)
-        title = f"replay buffer at step {step}: {int(counts.sum())} trajectories"
-        image = draw_heatmap(counts, edges, title)
+        if self._entropy_top is None:
+            self._entropy_top = nice_ceiling(1.25 * max(float(entropy.max()), 1e-3))
+        edges = np.linspace(0.0, self._entropy_top, ENTROPY_BINS + 1)
+        stored = heatmap_counts(rates, entropy, self.num_tiers, edges)
+        replayed = heatmap_counts(replayed_rates, replayed_entropy, self.num_tiers, edges)
+        title = f"replay buffer at step {step}"
+        image = draw_heatmap(stored, replayed, edges, title, sum(p["capacity"] for p in parts))
         description = (
-            f"Replay buffer trajectories per cell. x: question correctness rate in {self.num_tiers} "
-            f"equal-width tiers (hardest left); y: trajectory mean token entropy in {ENTROPY_BINS} equal "
-            "bins between the step's lowest and highest; colour and number: trajectories per cell."
+            f"Left: replay buffer trajectories per cell; right: replayed rows trained on since the last "
+            f"picture. x: question correctness rate in {self.num_tiers} equal-width tiers (hardest left); y: "
+            f"trajectory mean token entropy in {ENTROPY_BINS} equal bins from 0 to {self._entropy_top:g} "
+            "(higher in the top row); colour (log, the same at every step) and number: trajectories per cell."
         )
         for writer in writers:
             _add_image(writer, HEATMAP_TAG, image, step, description)
@@ -226,8 +251,14 @@ class DifficultyMonitor(Callback):
         writers = _tensorboard_writers(trainer)
         if not writers or len(rollouts) == 0:
             return
-        n = len(rollouts)
-        rows = np.sort(self._rng.choice(n, size=min(self.completion_samples, n), replace=False))
+        n, replayed_rows = len(rollouts), np.flatnonzero(rollouts.replayed.cpu().numpy())
+        # Replayed rows are a few of a mixed step's: up to half the table, so that one is ever seen.
+        shown = self._rng.permutation(replayed_rows)[: self.completion_samples // 2]
+        fresh = np.setdiff1d(np.arange(n), shown)
+        more = self._rng.choice(
+            fresh, size=min(self.completion_samples - len(shown), len(fresh)), replace=False
+        )
+        rows = np.sort(np.concatenate([shown, more]).astype(np.int64))
         rewards = rollouts.rewards.detach().float().cpu().tolist()
         replayed = rollouts.replayed.detach().cpu().tolist()
         # What the reward functions logged with `log_extra`, as TRL adds it to its completions table.
@@ -266,6 +297,14 @@ def _add_image(writer: Any, tag: str, image: np.ndarray, step: int, description:
     summary = image_summary(tag, image, dataformats="HWC")
     summary.value[0].metadata.summary_description = description
     writer._get_file_writer().add_summary(summary, step)  # what add_image does, plus the description
+
+
+def _known(parts: list[dict], rates_key: str, entropy_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """The pooled rates and entropies of `parts` whose question the bucketer knows (a rate, not NaN)."""
+    rates = np.concatenate([p.get(rates_key, np.zeros(0)) for p in parts]).astype(np.float64)
+    entropy = np.concatenate([p.get(entropy_key, np.zeros(0)) for p in parts]).astype(np.float64)
+    known = ~np.isnan(rates)
+    return rates[known], entropy[known]
 
 
 def _has_matplotlib() -> bool:

@@ -16,7 +16,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from exgrpo_pl.callbacks import DifficultyMonitor, ReplayCallback
-from exgrpo_pl.callbacks.heatmap import draw_heatmap, heatmap_counts
+from exgrpo_pl.callbacks.heatmap import draw_heatmap, heatmap_counts, nice_ceiling
 from exgrpo_pl.callbacks.monitor import ENTROPY_BINS
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import SelectiveReplay
@@ -197,10 +197,21 @@ def test_bad_settings_are_rejected(kwargs, message):
 
 def test_heatmap_counts_small_exact_case():
     rates = np.array([0.0, 0.1, 0.5, 1.0, 1.0])  # tiers of 2: [0, 0.5) and [0.5, 1]
-    entropy = np.array([0.0, 1.0, 2.0, 2.0, 0.5])  # bins of 2: [0, 1) and [1, 2]
-    counts, edges = heatmap_counts(rates, entropy, num_tiers=2, entropy_bins=2)
-    assert edges.tolist() == [0.0, 1.0, 2.0]
+    entropy = np.array([0.0, 1.0, 2.0, 2.0, 0.5])  # bins [0, 1) and [1, 2], 2 in the top one
+    counts = heatmap_counts(rates, entropy, num_tiers=2, edges=np.array([0.0, 1.0, 2.0]))
     assert counts.tolist() == [[1, 1], [1, 2]]  # row 0: the low entropies
+    # Fixed edges: an entropy past the top edge (or below the first) is counted in the end row.
+    assert heatmap_counts(
+        np.array([0.2, 0.7]), np.array([9.0, -1.0]), 2, np.array([0.0, 1.0, 2.0])
+    ).tolist() == [
+        [0, 1],
+        [1, 0],
+    ]
+
+
+@pytest.mark.parametrize("value, ceiling", [(0.3, 0.5), (1.0, 1.0), (1.01, 2.0), (2.2, 2.5), (37.0, 50.0)])
+def test_the_heatmaps_top_edge_is_a_round_number_above(value, ceiling):
+    assert nice_ceiling(value) == pytest.approx(ceiling)
 
 
 @given(
@@ -210,27 +221,67 @@ def test_heatmap_counts_small_exact_case():
 )
 def test_heatmap_counts_hold_every_trajectory_once(rows, num_tiers, bins):
     rates, entropy = (np.array(column, dtype=np.float64) for column in zip(*rows))
-    counts, edges = heatmap_counts(rates, entropy, num_tiers, bins)
+    counts = heatmap_counts(rates, entropy, num_tiers, np.linspace(0.0, 2.0, bins + 1))
     assert counts.shape == (bins, num_tiers) and counts.sum() == len(rows)
-    assert edges[0] <= entropy.min() and entropy.max() <= edges[-1] and np.all(np.diff(edges) > 0)
 
 
-def test_the_heatmap_image_is_the_buffer_drawn_with_axes(tmp_path, tiny_model_dir):
-    trainer = fit(tmp_path, tiny_model_dir, TensorBoardLogger(tmp_path, name="tb"))
+class LastRollouts(Callback):
+    """Keeps the last step's rollouts."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rollouts = outputs["rollouts"]
+
+
+def test_the_heatmap_image_is_the_buffer_and_what_replay_drew_on_one_scale(tmp_path, tiny_model_dir):
+    last_rollouts = LastRollouts()
+    trainer = fit(tmp_path, tiny_model_dir, TensorBoardLogger(tmp_path, name="tb"), extra=[last_rollouts])
     events = read_events(trainer.logger.log_dir)
-    last = events.Images("monitor/difficulty_entropy_heatmap")[-1]
+    pictures = events.Images("monitor/difficulty_entropy_heatmap")
     replay = next(c for c in trainer.callbacks if isinstance(c, ReplayCallback))
+    monitor = next(c for c in trainer.callbacks if isinstance(c, DifficultyMonitor))
     rates = replay.buffer.rates().numpy().astype(np.float64)
     entropy = replay.buffer.entropies().numpy().astype(np.float64)
     known = ~np.isnan(rates)
-    counts, edges = heatmap_counts(rates[known], entropy[known], 5, ENTROPY_BINS)
-    expected = draw_heatmap(counts, edges, f"replay buffer at step 4: {int(known.sum())} trajectories")
-    shown = np.asarray(Image.open(io.BytesIO(last.encoded_image_string)).convert("RGB"))
-    assert last.step == trainer.global_step and np.array_equal(shown, expected)
-    # A picture with room for its axes, tick labels and colour bar, not a bare grid of cells.
-    assert shown.shape == (440, 560, 3)
+    edges = np.linspace(0.0, monitor._entropy_top, ENTROPY_BINS + 1)  # set by the first picture, kept
+    stored = heatmap_counts(rates[known], entropy[known], 5, edges)
+    # The right panel: the rows replayed since the previous picture (one step: a picture every step).
+    rollouts = last_rollouts.rollouts
+    rows = rollouts.replayed
+    replayed = heatmap_counts(
+        replay.buffer.bucketer.rates(rollouts.question_ids[rows]).numpy(),
+        rollouts.entropy[rows].numpy(),
+        5,
+        edges,
+    )
+    assert replayed.sum() > 0  # the last step replayed (swap mode, probability 1)
+    expected = draw_heatmap(stored, replayed, edges, "replay buffer at step 4", replay.buffer.max_size)
+    shown = np.asarray(Image.open(io.BytesIO(pictures[-1].encoded_image_string)).convert("RGB"))
+    assert pictures[-1].step == trainer.global_step and np.array_equal(shown, expected)
+    assert shown.shape == (440, 800, 3)  # room for two panels' axes, tick labels and one colour bar
     description = events.SummaryMetadata("monitor/difficulty_entropy_heatmap").summary_description
     assert "x: question correctness rate in 5 equal-width tiers" in description
+    assert "right: replayed rows" in description and "the same at every step" in description
+
+
+def test_the_completion_table_shows_a_replayed_row_of_a_mixed_step(tmp_path, tiny_model_dir):
+    # A mixed step of 4 questions x 4 rollouts holds one stored row in 16: a random pair would rarely show it.
+    replay = ReplayCallback(
+        replay=SelectiveReplay(strategy="uniform", replay_probability=1.0), mode="mix", mix_fraction=0.25,
+        min_buffer_size=1,
+    )  # fmt: skip
+    monitor = DifficultyMonitor(log_every_n_steps=4, completion_table_every_n_steps=1, completion_samples=2)
+    trainer = fit(
+        tmp_path, tiny_model_dir, TensorBoardLogger(tmp_path, name="tb"), extra=[replay, monitor],
+        with_replay=False, module_options={"num_generations": 4},
+    )  # fmt: skip
+    events = read_events(trainer.logger.log_dir)
+    (tag,) = {t for t in events.Tags()["tensors"] if t.startswith("monitor/completions")}
+    tables = [e.tensor_proto.string_val[0].decode() for e in events.Tensors(tag)]
+    # Ours are the 2-row tables (the other monitor, of `fit`'s callbacks, writes 8 rows).
+    pairs = [[row.strip("| ").split(" | ")[3] for row in table.splitlines()[2:]] for table in tables]
+    pairs = [column for column in pairs if len(column) == 2]
+    assert replay.replayed_steps > 0 and len(pairs) == 4
+    assert sum("True" in column for column in pairs) == replay.replayed_steps
 
 
 def test_without_matplotlib_it_warns_once_and_logs_the_rest(tmp_path, tiny_model_dir, monkeypatch, recwarn):
