@@ -238,7 +238,7 @@ def dashboard_link(run: str, callbacks: list[Any], port: int = 6006) -> str:
     curve, the reward and, where the run has them, the replayed rows' share of the update and the latest
     heatmap of `run` (its folder under ROOT) pinned above every group: TensorBoard reads the pins from the
     link's `pinnedCards`, while its plain page opens only the first two groups of charts by name, 12 charts
-    each."""
+    each; and with no smoothing (the link's `smoothing=0`), so that each chart's line is its logged values."""
     cards: list[dict[str, Any]] = [{"plugin": "scalars", "tag": tag} for tag in PINNED_SCALARS]
     if any(isinstance(callback, ReplayCallback) for callback in callbacks):
         cards.append({"plugin": "scalars", "tag": PINNED_REPLAY})
@@ -247,7 +247,8 @@ def dashboard_link(run: str, callbacks: list[Any], port: int = 6006) -> str:
         run_id = f"defaultExperimentId/{Path(run).as_posix()}"
         cards.append({"plugin": "images", "tag": HEATMAP_TAG, "runId": run_id, "sample": 0})
     pins = quote(json.dumps(cards, separators=(",", ":")), safe="")
-    return f"http://localhost:{port}/?pinnedCards={pins}#timeseries"
+    # Smoothing 0: TensorBoard's default 0.6 draws a 7-point validation curve far from its own values.
+    return f"http://localhost:{port}/?pinnedCards={pins}&smoothing=0#timeseries"
 
 
 class AtomicSaveConfigCallback(SaveConfigCallback):

@@ -70,6 +70,7 @@ def test_fit_ends_with_a_tensorboard_link_pinning_charts_the_run_logged(tiny_arg
     url = urlsplit(link)
     assert (url.netloc, url.fragment) == ("localhost:6006", "timeseries")
     cards = json.loads(parse_qs(url.query)["pinnedCards"][0])
+    assert parse_qs(url.query)["smoothing"] == ["0"]  # the charts' lines are the values logged
     (run,) = (tmp_path / "lightning_logs").glob("run-s0")
     events = EventAccumulator(str(run), size_guidance={"images": 0})
     events.Reload()
@@ -84,7 +85,7 @@ def test_fit_ends_with_a_tensorboard_link_pinning_charts_the_run_logged(tiny_arg
 
 
 def test_the_docs_show_the_link_the_quickstart_prints():
-    link = dashboard_link("quickstart-s0", [ReplayCallback(), DifficultyMonitor()])  # the quickstart's callbacks
+    link = dashboard_link("quickstart-s0", [ReplayCallback(), DifficultyMonitor()])  # the quickstart's
     root = Path(__file__).parents[1]
     assert link in (root / "README.md").read_text() and link in (root / "docs" / "dashboards.md").read_text()
 
