@@ -136,3 +136,6 @@ def test_a_swap_replay_step_logs_no_reward_not_the_stored_rows_nor_the_last_fres
         swapped = float(row["replay/row_fraction"]) == 1.0
         assert swapped == (step in (1, 2, 4, 5)), step
         assert all((row[name] == "") == swapped for name in rewards), (step, {n: row[n] for n in rewards})
+        # Replay-only charts on the replay steps alone, not repeated from the last one on the fresh steps.
+        assert (row["train/is_weight"] != "") == (row["replay/staleness"] != "") == swapped, step
+        assert float(row["train/replayed_share"]) in ((0.0, 1.0) if swapped else (0.0,)), step
