@@ -98,12 +98,17 @@ class ExGRPOModule(
             which makes its gradient the unbiased reverse-KL gradient; only matters when beta > 0.
         entropy_coef: weight of the entropy bonus, subtracted times the mean token entropy of the whole
             batch whatever the loss type (the paper uses 0.001).
+        entropy_token_budget: the official ExGRPO code's token budget per micro-batch (32768): the bonus then
+            counts M times, M = ceil(an update's prompt + completion tokens on a rank / this), the largest
+            over the ranks, as that code sums a token mean per micro-batch. None: once.
         mask_truncated_completions: leave completions that hit the budget without EOS out of the loss.
         learning_rate: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear warm-up steps of the schedule.
         lr_scheduler_type: a transformers schedule name ("constant_with_warmup", "cosine", "linear", ...).
         max_grad_norm: gradient clipping by total norm; 0 disables it.
+        skip_grad_norm: an update whose gradient norm (before clipping) exceeds this is skipped, the run going
+            on (the official ExGRPO code's rule, 500 on its loss); None: never. Not under DeepSpeed.
         max_nonfinite_steps: an update whose loss or gradient norm is NaN or infinite is skipped (the weights
             stay as they were, `train/nonfinite_steps` counts it); this many in a row stop the run. Under
             DeepSpeed, a step it skips counts too; under fp16 loss scaling a gradient overflow is left to the
@@ -175,12 +180,14 @@ class ExGRPOModule(
         beta: float = 0.0,
         use_bias_correction_kl: bool = True,
         entropy_coef: float = 0.0,
+        entropy_token_budget: int | None = None,
         mask_truncated_completions: bool = False,
         learning_rate: float = 1e-6,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         lr_scheduler_type: str = "constant_with_warmup",
         max_grad_norm: float = 1.0,
+        skip_grad_norm: float | None = None,
         max_nonfinite_steps: int = 3,
         micro_batch_size: int | None = None,
         logit_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,

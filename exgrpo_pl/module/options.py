@@ -31,10 +31,12 @@ NUMERIC_OPTIONS = {
     "steps_per_generation": dict(low=1, integer=True),
     "beta": dict(low=0),
     "entropy_coef": dict(low=0),
+    "entropy_token_budget": dict(low=1, integer=True, optional=True),
     "learning_rate": dict(low=0, high=1, low_open=True),  # AdamW moves each weight by up to lr a step
     "weight_decay": dict(low=0),
     "warmup_steps": dict(low=0, integer=True),
     "max_grad_norm": dict(low=0),
+    "skip_grad_norm": dict(low=0, low_open=True, optional=True),
     "max_nonfinite_steps": dict(low=1, integer=True),
     "micro_batch_size": dict(low=1, integer=True, optional=True),
     "logit_chunk_elements": dict(low=1, integer=True),

@@ -46,6 +46,7 @@ class ResumableModule:
             "num_tokens": self.num_tokens,
             "generated_tokens": self.generated_tokens,
             "nonfinite_steps": self.nonfinite.skipped,
+            "grad_norm_skips": self.nonfinite.too_large,
         }
         checkpoint["best_val_pass_at_1"] = self.best_val_pass_at_1  # a resumed run's best is the run's
         # The sampling RNG of every rank (CPU and CUDA), so that a resumed run generates what the
@@ -57,6 +58,7 @@ class ResumableModule:
         self.num_tokens = counts.get("num_tokens", 0)
         self.generated_tokens = counts.get("generated_tokens", 0)
         self.nonfinite.skipped = counts.get("nonfinite_steps", 0)
+        self.nonfinite.too_large = counts.get("grad_norm_skips", 0)
         self.best_val_pass_at_1 = checkpoint.get("best_val_pass_at_1", 0.0)
         trainer = attached_trainer(self)  # None in load_from_checkpoint
         if trainer is not None:

@@ -226,6 +226,11 @@ def _deepspeed_problems(
             "it would apply only the last micro-batch's gradient of each step; install deepspeed>=0.19.5 "
             "(0.19.4 added it, 0.19.5 with optimizer offload)"
         )
+    if hparams.get("skip_grad_norm") is not None:
+        problems.append(
+            f"model.skip_grad_norm={hparams.get('skip_grad_norm')}: the DeepSpeed engine measures the "
+            "gradient norm inside its step, after which the update cannot be withheld; remove it (or use DDP)"
+        )
     formatted = deepspeed_config_filled_in(trainer.strategy)  # Lightning has filled it in
     auto = _auto_keys(config)
     if auto:

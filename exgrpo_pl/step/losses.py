@@ -318,6 +318,21 @@ def compute_grpo_loss(
     return loss * normaliser.world_size, stats
 
 
+def official_micro_batches(tokens: Tensor, budget: int) -> Tensor:
+    """How many micro-batches the official ExGRPO code splits each update into on this rank: its dynamic
+    batching (`use_dynamic_bsz`) packs an update's rows into ceil(prompt + response tokens / budget) of
+    them, and sums the entropy bonus's token mean over them, so the bonus counts that many times.
+
+    Args:
+        tokens: `[U]` prompt + completion tokens of each of a step's U updates on this rank.
+        budget: tokens per micro-batch (its `ppo_max_token_len_per_gpu`, 32768 in its script).
+
+    Returns:
+        `[U]` long, at least 1; under data parallelism the official code takes the largest over the ranks.
+    """
+    return (-(-tokens.long() // budget)).clamp(min=1)  # [U]
+
+
 def _reduce(per_token: Tensor, maskf: Tensor, normaliser: LossNormaliser, loss_type: str) -> Tensor:
     """The loss type's reduction of `[N, L]` per-token terms over the masked tokens (`maskf`)."""
     if loss_type == "grpo":

@@ -5,7 +5,8 @@
 each (one per mini-batch). The loss is
 `exgrpo_pl.step.losses.compute_grpo_loss`: the clipped ratio on fresh rows, f(w) = w / (w + beta) on replayed
 ones. An update whose loss or gradient norm is NaN or infinite is skipped, so a bad batch never reaches the
-weights (`NonFiniteGuard`).
+weights (`NonFiniteGuard`), and so is one whose gradient norm exceeds `skip_grad_norm` when set (the official
+ExGRPO code's rule).
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from torch import Tensor
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.engines.generation import completion_mask_from_ids
 from exgrpo_pl.step.forward import record_behaviour
-from exgrpo_pl.step.losses import LossNormaliser, compute_grpo_loss, compute_importance_weights
+from exgrpo_pl.step.losses import (
+    LossNormaliser,
+    compute_grpo_loss,
+    compute_importance_weights,
+    official_micro_batches,
+)
 from exgrpo_pl.step.rollout import completion_logps
 
 
@@ -40,9 +46,16 @@ class NonFiniteGuard:
         self.max_in_a_row = max_in_a_row
         self.skipped = 0
         self.in_a_row = 0
+        self.too_large = 0  # finite updates skipped for a gradient norm above `skip_grad_norm`
 
     def passed(self) -> None:
         self.in_a_row = 0
+
+    def skip_too_large(self, step: int, grad_norm: float, limit: float) -> None:
+        """Counts a finite update skipped for its gradient norm; as in the official ExGRPO code, however many
+        in a row, the run goes on (they are not non-finite)."""
+        self.too_large += 1
+        rank_zero_info(f"step {step}: gradient norm {grad_norm:.4g} > skip_grad_norm={limit}; update skipped")
 
     def skip(self, step: int, loss: float, grad_norm: float | None, scaler_overflow: bool = False) -> None:
         self.skipped += 1
@@ -104,6 +117,7 @@ class PolicyUpdate:
         updates = mini_batch_rows(len(rollouts), self.num_generations, hp.steps_per_generation, stored_only)
         updates = [rows.to(loss_mask.device) for rows in updates]
         normalisers = [self.loss_normaliser(len(rows), loss_mask[rows]) for rows in updates]
+        entropy_counts = self.entropy_counts(rollouts, updates)
         old_logps = torch.zeros_like(rollouts.behaviour_logps)
         size = hp.micro_batch_size or len(rollouts)
         scored_first = len(updates) > 1
@@ -116,7 +130,7 @@ class PolicyUpdate:
         totals: dict[str, float] = {}
         finite = True
         for iteration in range(hp.num_iterations):
-            for update_rows, normaliser in zip(updates, normalisers):
+            for update_rows, normaliser, entropy_count in zip(updates, normalisers, entropy_counts):
                 for rows in update_rows.split(size):
                     logps, entropy = self._forward(rollouts, rows, with_entropy=True)
                     if iteration == 0 and not scored_first:
@@ -133,7 +147,7 @@ class PolicyUpdate:
                         logps, old_logps[rows], rollouts.advantages[rows], loss_mask[rows], normaliser,
                         importance_weights=weights, replayed=rollouts.replayed[rows],
                         ref_logps=self.reference_logps(rollouts, rows), entropy=entropy, clip=clip,
-                        weigh_replayed=weigh_replayed, **loss_options(hp),
+                        weigh_replayed=weigh_replayed, **loss_options(hp, entropy_count),
                     )  # fmt: skip
                     finite = self._finite_on_every_rank(loss)
                     if not finite:
@@ -149,6 +163,8 @@ class PolicyUpdate:
         if finite:
             self.nonfinite.passed()
         totals["nonfinite_steps"] = float(self.nonfinite.skipped)
+        if hp.skip_grad_norm is not None:
+            totals["grad_norm_skips"] = float(self.nonfinite.too_large)
         if "pg_weight" in totals:
             replayed, every = totals.pop("replayed_pg_weight"), totals.pop("pg_weight")
             totals["replayed_share"] = replayed / every if every > 0 else 0.0
@@ -162,6 +178,18 @@ class PolicyUpdate:
         loss_finite = finite
         grad_norm = self._clip_gradients(optimizer) if finite else math.nan
         finite = finite and (grad_norm is None or math.isfinite(grad_norm))
+        limit = self.hparams.skip_grad_norm
+        if finite and limit is not None and grad_norm is not None and grad_norm > limit:
+            # Every rank measured the same all-reduced gradients, so every rank skips this update. Without
+            # gradients AdamW's step changes nothing and Lightning counts it: max_steps and the schedule go on
+            # as the official code's do; a loss scaler refuses a step without gradients (then not counted).
+            optimizer.zero_grad(set_to_none=True)
+            self.nonfinite.skip_too_large(self.global_step, grad_norm, limit)
+            if not self._loss_scaled():
+                optimizer.step()
+                scheduler.step()
+            totals["grad_norm"] = grad_norm
+            return True
         # A gradient overflow is the loss scaler's to skip.
         scaler_decides = loss_finite and self._loss_scaled()
         if finite or scaler_decides:
@@ -191,6 +219,19 @@ class PolicyUpdate:
             rollouts.completion_mask[rows], hp.temperature, with_entropy=with_entropy,
             chunk_elements=hp.logit_chunk_elements,
         )  # fmt: skip
+
+    def entropy_counts(self, rollouts: RolloutBatch, updates: list[Tensor]) -> list[int]:
+        """How many times each update's entropy bonus counts: once, or with `entropy_token_budget` the
+        micro-batches the official ExGRPO code would split the update into, the largest over the ranks
+        (`exgrpo_pl.step.losses.official_micro_batches`; one all-reduce)."""
+        budget = self.hparams.entropy_token_budget
+        if budget is None:
+            return [1] * len(updates)
+        tokens = rollouts.prompt_mask.sum(1) + rollouts.completion_mask.sum(1)  # [N]
+        counts = official_micro_batches(torch.stack([tokens[rows].sum() for rows in updates]), budget)  # [U]
+        if self.trainer.world_size > 1:
+            counts = self.trainer.strategy.reduce(counts, reduce_op="max")
+        return [int(count) for count in counts]
 
     def _score_before_updates(self, rollouts: RolloutBatch, old_logps: Tensor, size: int) -> None:
         """Old log-probs of every row, and the fresh rows' behaviour log-probs and entropy, from the policy
@@ -286,8 +327,9 @@ def sum_over_ranks(trainer, values: Tensor) -> Tensor:
     return trainer.strategy.reduce(values.clone(), reduce_op="sum")
 
 
-def loss_options(hp) -> dict:
-    """`compute_grpo_loss`'s keyword arguments from the module's options (`hparams`)."""
+def loss_options(hp, entropy_count: int = 1) -> dict:
+    """`compute_grpo_loss`'s keyword arguments from the module's options (`hparams`), the entropy bonus
+    counted `entropy_count` times (`PolicyUpdate.entropy_counts`)."""
     return dict(
         loss_type=hp.loss_type,
         epsilon_low=hp.epsilon,
@@ -297,7 +339,7 @@ def loss_options(hp) -> dict:
         importance_sampling_level=hp.importance_sampling_level,
         beta=hp.beta,
         use_bias_correction_kl=hp.use_bias_correction_kl,
-        entropy_coef=hp.entropy_coef,
+        entropy_coef=hp.entropy_coef * entropy_count,
     )
 
 

@@ -216,6 +216,11 @@ def test_agreeing_deepspeed_config_passes(config, tiny_model_dir, tmp_path):
     assert trainer.strategy.config["gradient_clipping"] == 1.0
 
 
+def test_skip_grad_norm_is_refused_under_deepspeed(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="model.skip_grad_norm=500.0: the DeepSpeed engine measures"):
+        _check(tiny_model_dir, tmp_path, module_kwargs={"skip_grad_norm": 500.0})
+
+
 def test_offload_parameters_pass_through(tiny_model_dir, tmp_path):
     strategy = DeepSpeedStrategy(stage=3, offload_parameters=True)
     trainer = _check(tiny_model_dir, tmp_path, strategy=strategy)

@@ -4,10 +4,15 @@ weight."""
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from exgrpo_pl.step.losses import LossNormaliser, compute_grpo_loss, compute_importance_weights
+from exgrpo_pl.step.losses import (
+    LossNormaliser,
+    compute_grpo_loss,
+    compute_importance_weights,
+    official_micro_batches,
+)
 from exgrpo_pl.step.update import mini_batch_rows
 
 ROOT = "ExGRPO/exgrpo/verl/verl/mix_src"
@@ -129,3 +134,67 @@ def test_mini_batches_deal_groups_in_turn_and_use_every_row_once():
 def test_fewer_groups_than_updates_is_an_error_naming_the_option():
     with pytest.raises(ValueError, match="steps_per_generation=3: a step has only 2 groups"):
         mini_batch_rows(8, 4, 3)
+
+
+def official_num_micro_batches(attention_mask_per_rank, max_token_len):
+    """verl's `rearrange_micro_batches` (utils/seqlen_balancing.py:223-238, use_dynamic_bsz at
+    mix_actor.py:97-99): ceildiv(the mini-batch's attention-mask tokens, max_token_len), then the all-reduce
+    MAX over the data-parallel ranks."""
+    return max(-(int(mask.sum()) // -max_token_len) for mask in attention_mask_per_rank)
+
+
+def test_official_micro_batches_by_hand():
+    counts = official_micro_batches(torch.tensor([100, 32768, 32769, 98304, 0]), 32768)
+    assert counts.tolist() == [1, 1, 2, 3, 1]  # an empty update still runs one micro-batch
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    micro_batches=st.integers(1, 3),
+    rows=st.integers(1, 4),
+    prompt=st.integers(1, 5),
+    width=st.integers(2, 6),
+    remove_clip=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_the_bonus_counted_by_the_token_budget_is_the_official_dynamic_batching(
+    micro_batches, rows, prompt, width, remove_clip, seed
+):
+    """With rows of equal length the official micro-batches (however it balances them) hold equal token
+    counts, so its mini-batch loss is B times ours with entropy weight 0.001 / B counted M times, M from
+    `official_micro_batches`: exact, gradient included."""
+    gen = torch.Generator().manual_seed(seed)
+    length = int(torch.randint(1, width + 1, (), generator=gen))
+    b = micro_batches * rows
+    tokens = b * (prompt + length)  # the mini-batch's prompt + response tokens on its one rank
+    budget = -(-tokens // micro_batches)
+    m = official_num_micro_batches([torch.ones(1, tokens)], budget)
+    assume(m == micro_batches)  # so that the B rows split into M micro-batches of `rows` rows each
+    count = int(official_micro_batches(torch.tensor([tokens]), budget)[0])
+    assert count == m
+    mask = (torch.arange(width) < length).expand(b, width)  # [B, W]
+    old = -torch.rand(b, width, generator=gen, dtype=torch.float64) * 3
+    logps = (old + 0.3 * torch.randn(b, width, generator=gen, dtype=torch.float64)).requires_grad_()
+    adv = torch.randn(b, generator=gen, dtype=torch.float64)
+    entropy = torch.rand(b, width, generator=gen, dtype=torch.float64, requires_grad=True)
+    fresh = torch.zeros(b, dtype=torch.bool)
+    prefix = fresh.unsqueeze(1).expand_as(mask)
+    parts = torch.randperm(b, generator=gen).view(m, rows)  # any split into M equal micro-batches
+    official = sum(
+        official_micro_batch_loss(
+            logps[part],
+            old[part],
+            adv[part],
+            mask[part].double(),
+            prefix[part],
+            entropy[part],
+            0.001,
+            remove_clip,
+        )  # fmt: skip
+        for part in parts
+    )
+    mine = b * ours(logps, old, old, adv, mask, fresh, entropy, 0.001 / b * count, not remove_clip)
+    assert torch.allclose(mine, official, atol=1e-12)
+    grads = torch.autograd.grad(official, (logps, entropy))
+    mine_grads = torch.autograd.grad(mine, (logps, entropy))
+    assert all(torch.allclose(a, b_, atol=1e-12) for a, b_ in zip(grads, mine_grads))

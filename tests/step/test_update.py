@@ -247,3 +247,65 @@ def test_more_updates_than_questions_is_an_error_before_training(tiny_model_dir,
         ValueError, match=r"steps_per_generation=5: .*batch's 4 questions \(data.batch_size\)"
     ):
         trainer.fit(tiny_module(tiny_model_dir, steps_per_generation=5), datamodule=make_data())
+
+
+def test_the_entropy_bonus_counts_the_official_micro_batches_of_each_update(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """With entropy_token_budget each update's bonus weight is entropy_coef times ceil(its prompt +
+    completion tokens / the budget) (`official_micro_batches`)."""
+    seen = []
+    real_loss = update_module.compute_grpo_loss
+
+    def recording(logps, *args, entropy_coef, **kwargs):
+        seen.append(entropy_coef)
+        return real_loss(logps, *args, entropy_coef=entropy_coef, **kwargs)
+
+    monkeypatch.setattr(update_module, "compute_grpo_loss", recording)
+    counted = []
+    real_counts = PolicyUpdate.entropy_counts
+
+    def counts(self, rollouts, updates):
+        tokens = [int(rollouts.prompt_mask[r].sum() + rollouts.completion_mask[r].sum()) for r in updates]
+        counted.append([-(-t // 10) for t in tokens])  # the official ceil(tokens / budget)
+        return real_counts(self, rollouts, updates)
+
+    monkeypatch.setattr(PolicyUpdate, "entropy_counts", counts)
+    module = tiny_module(tiny_model_dir, entropy_coef=0.01, entropy_token_budget=10, steps_per_generation=2)
+    trainer = tiny_trainer(tmp_path, max_steps=4, logger=False)
+    trainer.fit(module, datamodule=make_data())
+    expected = [0.01 * m for step in counted for m in step]
+    assert max(m for step in counted for m in step) > 1  # the budget is small enough to split
+    assert seen == pytest.approx(expected)  # one micro-batch (the whole update) per update
+
+
+def test_an_update_whose_gradient_norm_exceeds_skip_grad_norm_is_skipped_and_the_run_goes_on(
+    tiny_model_dir, tmp_path
+):
+    module = tiny_module(tiny_model_dir, skip_grad_norm=1e-12, max_nonfinite_steps=1)
+    trainer = tiny_trainer(tmp_path, max_steps=3, log_every_n_steps=1)
+    trainer.fit(module, datamodule=make_data())
+    assert trainer.global_step == 3  # skipped updates count as steps, as the official code's batches do
+    assert module.nonfinite.too_large == 3 and module.nonfinite.skipped == 0
+    assert float(trainer.logged_metrics["train/grad_norm_skips"]) == 3.0
+    assert float(trainer.logged_metrics["train/grad_norm"]) > 1e-12
+
+
+def test_skip_grad_norm_leaves_the_weights_as_they_were_and_a_high_limit_changes_nothing(tiny_model_dir):
+    weights = {}
+    for limit in (1e-12, 1e6, None):
+        module = tiny_module(tiny_model_dir, skip_grad_norm=limit, learning_rate=1e-2)
+        torch.manual_seed(0)
+        module.configure_model()
+        start = [p.detach().clone() for p in module.policy.parameters()]
+        trainer = Trainer(
+            accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        trainer.fit(module, datamodule=make_data())
+        weights[limit] = [p.detach() for p in module.policy.parameters()]
+        if limit == 1e-12:
+            assert all(torch.equal(a, b) for a, b in zip(start, weights[limit]))
+    assert all(torch.equal(a, b) for a, b in zip(weights[1e6], weights[None]))
+    assert not all(torch.equal(a, b) for a, b in zip(weights[1e-12], weights[None]))
