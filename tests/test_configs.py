@@ -15,7 +15,7 @@ CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
 
 def test_configs_exist():
-    assert {"quickstart.yaml", "grpo_baseline.yaml", "exgrpo_paper.yaml", "exgrpo_seed.yaml"} <= {
+    assert {"quickstart.yaml", "grpo_baseline.yaml", "exgrpo_paper.yaml", "exgrpo_swap.yaml"} <= {
         c.name for c in CONFIGS
     }
 

@@ -198,14 +198,14 @@ def test_hostile_probes_benchmark(bench):
 
 
 def test_resume_exact_benchmark(bench):
-    args = ("--configs", "exgrpo_seed", "--steps", "12", "--questions", "200")  # 5 steps an epoch
+    args = ("--configs", "exgrpo_swap", "--steps", "12", "--questions", "200")  # 5 steps an epoch
     result = json.loads((bench("resume_exact", *args) / "resume_exact.json").read_text())
-    assert list(result) == ["exgrpo_seed/mid", "exgrpo_seed/kill", "exgrpo_seed/end"]
+    assert list(result) == ["exgrpo_swap/mid", "exgrpo_swap/kill", "exgrpo_swap/end"]
     assert all(case["exact"] for case in result.values()), result
     mid, kill, end = result.values()
     assert (mid["resumed_from_step"], end["resumed_from_step"], end["steps_per_epoch"]) == (6, 5, 5)
     assert 4 <= kill["resumed_from_step"] < 12  # the validation checkpoint of step 4, or a later one
-    # a meaningful resume: experience stored and questions retired by the end (the seed preset replays
+    # a meaningful resume: experience stored and questions retired by the end (the swap preset replays
     # from epoch 1 with probability 0.3 a step: none of this run's 7 steps there happens to); the preset
     # retires from the buffer only, so the fresh stream still holds every question
     assert end["buffer_rows"] > 0 and end["retired"] > 0 and end["excluded_from_stream"] == 0

@@ -37,7 +37,7 @@ from exgrpo_pl.module import ExGRPOModule
 ROWS, BATCH, STEPS = 12, 4, 6  # 3 steps an epoch, fewer once questions are retired
 SHIPPED_MAX_EPOCHS = 100  # every shipped config's: the step count then needs the epoch length
 CONFIGS = Path(__file__).parents[2] / "configs"
-SHIPPED = ["quickstart", "quickstart_reasoning", "exgrpo_paper", "exgrpo_seed", "grpo_baseline"]
+SHIPPED = ["quickstart", "quickstart_reasoning", "exgrpo_paper", "exgrpo_swap", "grpo_baseline"]
 
 
 @dataclass
