@@ -1,4 +1,4 @@
-"""GRPO vs ExGRPO (paper and seed presets, and the paper's ablations) on three embedded tasks, 5+ seeds each.
+"""GRPO vs ExGRPO (paper and swap presets, and the paper's ablations) on three embedded tasks, 5+ seeds each.
 
 More variants, not in the paper: the paper preset without its ReplayCallback ("paper preset, no replay"),
 which separates what replay does from what the preset's other settings (advantages, entropy bonus) do; and
@@ -24,13 +24,14 @@ Tasks: "arithmetic" is the presets as shipped (`configs/*.yaml`: one-step sums, 
 completion of a question the same string); "reasoning" lays configs/quickstart_reasoning.yaml's model, data
 and schedule over each preset (step-by-step derivations whose correct completions differ, so trajectory
 selection has a choice); "small_pool" is "reasoning" on 1,000 training and 500 held-out questions, about 10
-epochs in its 300 steps (the seed's regime; the seed preset's replay starts at epoch 5); "weak_start" is
-"reasoning" from a weaker policy, `embedded:tiny-reasoning-weak` (see `WEAK_START`), where correct answers are
-rare at first and the replay start trigger fires late (the seed: replay "stabilizes training on weaker
-models"). Besides steps and generated tokens, each curve is kept against the fresh questions trained on (a
-question's group counted each time it was trained on fresh; replayed groups and questions a mixed step
-displaced are not; a question a stored row joined is, and so is one whose group of equal rewards gave its
-place to refill, see `fresh_questions`), the axis on which replay's displaced questions show.
+epochs in its 300 steps (the reference description's regime, the written description of ExGRPO that
+configs/exgrpo_swap.yaml follows; the swap preset's replay starts at epoch 5); "weak_start" is "reasoning"
+from a weaker policy, `embedded:tiny-reasoning-weak` (see `WEAK_START`), where correct answers are rare at
+first and the replay start trigger fires late (the reference description: replay "stabilizes training on
+weaker models"). Besides steps and generated tokens, each curve is kept against the fresh questions
+trained on (a question's group counted each time it was trained on fresh; replayed groups and questions a
+mixed step displaced are not; a question a stored row joined is, and so is one whose group of equal rewards
+gave its place to refill, see `fresh_questions`), the axis on which replay's displaced questions show.
 Seed s is `--seed_everything=s`: the data order, replay draws, rollout and validation samples all derive from
 it, so seeds are independent runs. Each run records the commit its code came from. Not a timed test: a
 measurement to read.
@@ -143,7 +144,7 @@ def _before_exact(change):
 VARIANTS = {
     "GRPO": ("grpo_baseline", None, 45.3),
     "ExGRPO paper": ("exgrpo_paper", None, 48.3),
-    "ExGRPO seed": ("exgrpo_seed", None, None),
+    "ExGRPO swap": ("exgrpo_swap", None, None),
     "ExGRPO recommended": ("exgrpo", None, None),
     "no question selection": (
         "exgrpo_paper",
@@ -211,30 +212,31 @@ VARIANTS = {
     # paper preset's rule); "counted" is ours, the other presets'.
     "paper, all-wrong counted": ("exgrpo_paper", _changed(bucketer=_COUNTED), None),
     "recommended, all-wrong keeps last bucket": ("exgrpo", _changed(bucketer=_KEEP_LAST), None),
-    # The seed preset retires from the buffer only (the bucketer's default); this variant, the paper's way.
-    "seed, retire from buffer and stream": (
-        "exgrpo_seed",
+    # The swap preset retires from the buffer only (the bucketer's default); this variant, the paper's way.
+    "swap, retire from buffer and stream": (
+        "exgrpo_swap",
         _changed(bucketer={"retire_from": "buffer_and_stream"}),
         None,
     ),  # fmt: skip
 }
 # The full method each preset's variants are compared with, unless a variant's change names its own.
-FULL_METHOD = {"exgrpo_paper": "ExGRPO paper", "exgrpo_seed": "ExGRPO seed", "exgrpo": "ExGRPO recommended"}
+FULL_METHOD = {"exgrpo_paper": "ExGRPO paper", "exgrpo_swap": "ExGRPO swap", "exgrpo": "ExGRPO recommended"}
 PAPER_GRPO, PAPER_FULL = VARIANTS["GRPO"][2], VARIANTS["ExGRPO paper"][2]
-PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO seed", "ExGRPO recommended")
+PRESETS = ("GRPO", "ExGRPO paper", "ExGRPO swap", "ExGRPO recommended")
 # The curves' x axis: batches trained on, which are optimizer steps for a preset that takes one update a batch
 # (the exact paper preset takes two).
 BATCHES_AXIS = "batches (optimizer steps at one update a batch)"
-DIAGNOSED = ("ExGRPO paper", "ExGRPO seed")  # the presets whose replays the diagnostics plots draw
+DIAGNOSED = ("ExGRPO paper", "ExGRPO swap")  # the presets whose replays the diagnostics plots draw
 TASKS = ("arithmetic", "reasoning", "small_pool", "weak_start")
 # Steps of a --quick run per task (full runs take the task's own max_steps).
 QUICK_STEPS = {"arithmetic": 100, "reasoning": 80, "small_pool": 80, "weak_start": 80}
 # The small-pool task: the reasoning task cut to 1,000 training and 500 held-out questions, which its 300
-# steps of 32 questions cover about 10 times (the seed's regime: many epochs of one set).
+# steps of 32 questions cover about 10 times (the reference description's regime: many epochs of one set).
 SMALL_POOL = {"num_questions": 1500, "val_fraction": 1 / 3}
-# The epoch the seed preset's replay starts in, per task: the seed says "after 5-10 epochs"; a reasoning run
-# sees half an epoch, so there it starts on min_buffer_size alone. None: as the preset ships.
-SEED_START_EPOCH = {"arithmetic": None, "reasoning": None, "small_pool": 5, "weak_start": None}
+# The epoch the swap preset's replay starts in, per task: the reference description says "after 5-10
+# epochs"; a reasoning run sees half an epoch, so there it starts on min_buffer_size alone. None: as the
+# preset ships.
+SWAP_START_EPOCH = {"arithmetic": None, "reasoning": None, "small_pool": 5, "weak_start": None}
 # The weak-start task's policy: scripts/make_reasoning_policy.py stopped at a lower pass@1 (see there).
 WEAK_START = "embedded:tiny-reasoning-weak"
 
@@ -405,8 +407,8 @@ def run(
         change(cli)
     train_for_batches(cli, overlay, shipped_updates)
     replay = next((c for c in cli.trainer.callbacks if isinstance(c, ReplayCallback)), None)
-    if replay is not None and preset == "exgrpo_seed" and task != "arithmetic":
-        replay.replay_start_epoch = SEED_START_EPOCH[task]
+    if replay is not None and preset == "exgrpo_swap" and task != "arithmetic":
+        replay.replay_start_epoch = SWAP_START_EPOCH[task]
     record = Record()
     cli.trainer.callbacks.append(record)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)

@@ -3,7 +3,8 @@
 A refactor that moves code claims to change no computation; this is how the claim is checked: run this at
 the commit before and at the one after, and the two files must be byte-identical (curves, generated tokens
 and replay diagnostics; the commit id is left out). Used for the move of the modules into folders
-(`ExGRPO paper` and `ExGRPO seed` on arithmetic, 2504397 against the merge of the move: identical).
+(`ExGRPO paper` and `ExGRPO seed`, now `ExGRPO swap`, on arithmetic, 2504397 against the merge of the move:
+identical).
 
     python scripts/seed_runs.py before.json                   # at the old commit
     python scripts/seed_runs.py after.json && cmp before.json after.json
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("out", type=Path)
     parser.add_argument("--task", choices=TASKS, default="arithmetic")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["ExGRPO paper", "ExGRPO seed"])
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["ExGRPO paper", "ExGRPO swap"])
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the task's)")
     args = parser.parse_args(argv)
     records = {}

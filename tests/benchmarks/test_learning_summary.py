@@ -78,7 +78,7 @@ def test_the_presets_table_has_a_row_per_task_that_ran_every_preset():
     presets = {
         "GRPO": [make_run(0, 0.50), make_run(1, 0.60)],
         "ExGRPO paper": [make_run(0, 0.40, 40)],
-        "ExGRPO seed": [make_run(0, 0.45, 40), make_run(1, 0.55, 40)],
+        "ExGRPO swap": [make_run(0, 0.45, 40), make_run(1, 0.55, 40)],
         "ExGRPO recommended": [make_run(0, 0.52, 20), make_run(1, 0.60, 20)],
     }
     partial = {name: presets[name] for name in ("GRPO", "ExGRPO paper")}
@@ -100,13 +100,13 @@ def test_below_best_is_how_far_each_run_ended_under_its_own_best():
 def test_a_variant_of_the_seed_preset_is_paired_with_the_seed_preset():
     runs = {
         "ExGRPO paper": [make_run(0, 0.40, 40)],
-        "ExGRPO seed": [make_run(0, 0.50, 40)],
-        "seed, retire from buffer and stream": [make_run(0, 0.53, 40)],
+        "ExGRPO swap": [make_run(0, 0.50, 40)],
+        "swap, retire from buffer and stream": [make_run(0, 0.53, 40)],
         "paper, before exact": [make_run(0, 0.44, 40)],
         "paper, retire from buffer": [make_run(0, 0.46, 40)],
     }
     rows = summarise({"small_pool": runs})["small_pool"]["variants"]
-    assert rows["seed, retire from buffer and stream"]["vs_full_points"][0] == pytest.approx(3.0)
+    assert rows["swap, retire from buffer and stream"]["vs_full_points"][0] == pytest.approx(3.0)
     # The paper preset's variants were measured on it before it was made exact: paired with that preset.
     assert rows["paper, retire from buffer"]["vs_full_points"][0] == pytest.approx(2.0)
     assert rows["paper, before exact"]["vs_full_points"][0] == pytest.approx(4.0)
@@ -169,9 +169,9 @@ def test_the_small_pool_task_is_the_reasoning_task_on_1000_training_questions():
 def test_the_retirement_and_demand_variants_change_what_they_say():
     callback = learning._replay_callback(_built("paper, retire from buffer, bounded demand"))
     assert callback.buffer.bucketer.retire_from == "buffer" and callback.bounded_demand
-    seed = learning._replay_callback(_built("ExGRPO seed"))
-    assert seed.buffer.bucketer.retire_from == "buffer" and seed.mode == "swap" and not seed.bounded_demand
-    paper_way = learning._replay_callback(_built("seed, retire from buffer and stream"))
+    swap = learning._replay_callback(_built("ExGRPO swap"))
+    assert swap.buffer.bucketer.retire_from == "buffer" and swap.mode == "swap" and not swap.bounded_demand
+    paper_way = learning._replay_callback(_built("swap, retire from buffer and stream"))
     assert paper_way.buffer.bucketer.retire_from == "buffer_and_stream" and paper_way.mode == "swap"
     paper = learning._replay_callback(_built("ExGRPO paper"))
     assert paper.buffer.bucketer.retire_from == "buffer_and_stream" and not paper.bounded_demand

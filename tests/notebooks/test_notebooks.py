@@ -109,7 +109,7 @@ def test_grpo_vs_exgrpo_notebook_runs_on_a_tiny_results_file(tmp_path):
                        "replayed": [], "buckets": []}  # fmt: skip
         return {"seed": seed, "curve": curve, "diagnostics": diagnostics}
 
-    variants = (("GRPO", 0.1, 1000), ("ExGRPO paper", 0.08, 900), ("ExGRPO seed", 0.12, 700))
+    variants = (("GRPO", 0.1, 1000), ("ExGRPO paper", 0.08, 900), ("ExGRPO swap", 0.12, 700))
     seeds = {name: [seed_run(s, off + s / 100, tokens) for s in (0, 1)] for name, off, tokens in variants}
     runs = {task: seeds for task in ("arithmetic", "reasoning")}
     sys.path.insert(0, str(ROOT / "benchmarks"))

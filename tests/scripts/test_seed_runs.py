@@ -14,6 +14,6 @@ def test_the_same_commit_writes_the_same_file_twice(tmp_path):
     seed_runs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(seed_runs)
     for name in ("a.json", "b.json"):
-        seed_runs.main([str(tmp_path / name), "--variants", "ExGRPO seed", "--steps", "4"])
+        seed_runs.main([str(tmp_path / name), "--variants", "ExGRPO swap", "--steps", "4"])
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert b'"commit"' not in (tmp_path / "a.json").read_bytes()
