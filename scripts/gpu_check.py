@@ -16,12 +16,16 @@ the others still run):
   (transformers' static cache): tokens/s, ratio to hf, share of the decode roofline at the 1.5B shape.
 - `memory`: `benchmarks/memory.py --device cuda --strategy deepspeed_stage_2`: peak memory of a GRPO step
   and of the paper preset's step on the same work (the presets' ZeRO-2 precision: bf16 weights).
+- `multi`: `scripts/gpu_multi.py` on every GPU (NCCL): ZeRO-2 and ZeRO-3 gradients against one GPU's, and
+  a resume against the straight run. With fewer than 2 GPUs it runs nothing and the part says
+  `skipped: N GPU(s)`, which counts as passing. It runs last: on a machine with several GPUs give it
+  time with `--only multi` or a larger `--budget`.
 
-With `--tiny` on a CPU only `plain`, an embedded-model generation (hf vs static-eager) and memory's
-`--quick` step run, at toy sizes: the figures mean nothing, the plumbing is what is checked. Everything runs
-from a scratch copy of the checkout (the benchmarks write their results there, never into
-benchmarks/results); the JSON file holds every part's figures, its status and seconds, the commit, torch
-and the device.
+With `--tiny` on a CPU only `plain`, an embedded-model generation (hf vs static-eager), memory's
+`--quick` step and `multi` on 2 CPU processes (gloo) run, at toy sizes: the figures mean nothing, the
+plumbing is what is checked. Everything runs from a scratch copy of the checkout (the benchmarks write
+their results there, never into benchmarks/results); the JSON file holds every part's figures, its status
+and seconds, the commit, torch and the device.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ def parts(device: str, tiny: bool) -> list[tuple[str, list[str], int]]:
         memory = ["--device", "cuda", "--strategy", "deepspeed_stage_2", "--parts", "step"]
     found.append(("generation", ["benchmarks/generation.py", *generation], 300 if tiny else 240))
     found.append(("memory", ["benchmarks/memory.py", *memory], 300 if tiny else 150))
+    multi = ["scripts/gpu_multi.py", "--device", device, "--workdir", "multi", *(["--tiny"] if tiny else [])]
+    found.append(("multi", multi, 450))
     return found
 
 
@@ -117,8 +123,8 @@ def environment() -> dict:
 
 def figures(name: str, work: Path) -> dict | None:
     """What a part left in the scratch copy, or None."""
-    if name in SMOKE_ORDER:
-        path = work / "smoke" / f"{name}.result.json"
+    if name in SMOKE_ORDER or name == "multi":
+        path = work / "smoke" / f"{name}.result.json" if name != "multi" else work / "multi" / "result.json"
         return json.loads(path.read_text()) if path.is_file() else None
     path = work / "benchmarks" / "results" / f"{name}.json"
     if name == "memory" and not path.is_file():
@@ -146,6 +152,14 @@ def table(report: dict) -> str:
                 share = f", {entry['roofline_share']:.1%} of roofline" if "roofline_share" in entry else ""
                 ratio = f", {entry['ratio_to_hf']:.2f}x hf" if "ratio_to_hf" in entry else ""
                 lines.append(f"    {engine:<13} {entry['median']:12,.0f} tokens/s{ratio}{share}")
+        elif name == "multi":
+            for check, entry in result.get("checks", {}).items():
+                errors = entry.get("relative_error_by_step")
+                figure = f"gradient off by {max(errors):.1e} of its largest entry" if errors else ""
+                if "bitwise" in entry:
+                    figure = f"{'bitwise' if entry['bitwise'] else 'not bitwise'} after stop at step "
+                    figure += f"{entry['stopped_at']} and resume to {entry['steps']}"
+                lines.append(f"    {check:<7} {result['ranks']} ranks  {entry['status'][:60]:<24} {figure}")
         elif name == "memory" and result.get("step"):
             # As memory.py reports it: allocated peak on CUDA, resident memory above the step start on CPU.
             field = "above_start" if result["device"] == "cpu" else "peak"
@@ -180,9 +194,14 @@ def main(argv: list[str] | None = None) -> int:
             if left < 30:
                 report["parts"][name] = {"status": "skipped (budget spent)", "seconds": 0.0}
                 continue
+            if name == "multi":  # its own budget, so that it writes its result before this one's ends
+                command = [*command, "--budget", f"{min(seconds, left) - 20:.0f}"]
             status, took = run_part(command, min(seconds, left), work, log)
+            found = figures(name, work) or {}
+            if name == "multi" and status == "ok" and found.get("status", "").startswith("skipped:"):
+                status = found["status"]  # fewer than 2 GPUs
             part = {"status": status, "seconds": took, "command": " ".join(["python", *command]),
-                    "figures": figures(name, work)}  # fmt: skip
+                    "figures": found or None}  # fmt: skip
             if status != "ok":
                 part["log_tail"] = log.read_text(errors="replace")[-TAIL:]
             report["parts"][name] = part
@@ -190,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(table(report))
     print(f"gpu_check: every figure in {args.out}")
-    return 0 if all(p["status"] == "ok" for p in report["parts"].values()) else 1
+    # "skipped: N GPU(s)" (multi on one GPU) passes; "skipped (budget spent)" does not.
+    passed = [p["status"] == "ok" or p["status"].startswith("skipped: ") for p in report["parts"].values()]
+    return 0 if all(passed) else 1
 
 
 if __name__ == "__main__":
