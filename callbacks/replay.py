@@ -17,7 +17,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from exgrpo_pl.callbacks import module_checks, placement, replay_checks, replay_state
+from exgrpo_pl.callbacks import fill, module_checks, placement, replay_checks, replay_state
 from exgrpo_pl.callbacks.collectives import all_ranks, min_across_ranks, union_across_ranks
 from exgrpo_pl.callbacks.global_rng import global_rng_state, restore_global_rng_state
 from exgrpo_pl.callbacks.replay_metrics import replay_metrics
@@ -89,6 +89,10 @@ class ReplayCallback(Callback):
             "refill": in place of groups whose K rewards came out all equal, with K-1 rollouts of a second
             generation round (the module's step must do it: `ExGRPOModule` does). `mix_fraction` caps how
             many questions each places.
+        fill_from: when the buffer fills: "start" (from the first step) or "replay_start" (the official
+            ExGRPO code: only steps that begin in the replay phase are stored, so the first replay step finds
+            an empty buffer and stays fresh; before, nothing is stored and only groups solved by all K
+            rollouts reach the bucketer, which retires their questions).
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class ReplayCallback(Callback):
         displaced_questions: str = "discard",
         max_consecutive_replay_steps: int = 4,
         placement: str = "displace",
+        fill_from: str = "start",
     ) -> None:
         self.buffer = buffer if buffer is not None else TrajectoryBuffer()
         self.replay = replay if replay is not None else SelectiveReplay()
@@ -121,6 +126,8 @@ class ReplayCallback(Callback):
         self._short_swap_step: tuple[int, int] | None = None
         self._resumed_at: str | None = None  # resumable_fit_progress's answer for the checkpoint resumed from
         self.placement = placement
+        self.fill_from = fill_from
+        self._filling = True  # whether this step's rollouts are stored (fill_from)
         self.deferred_total = 0  # questions deferred in this run, resumes included
         self._warned_small_stream = False
         self.pass_rate_reached = False  # whether a step's fresh pass rate exceeded start_pass_rate
@@ -234,6 +241,7 @@ class ReplayCallback(Callback):
         self.buffer.bucketer.epoch = trainer.current_epoch
         self.last_timings = {"timing/replay_sample": 0.0, "timing/replay_rescore": 0.0}
         self._short_swap_step = None
+        self._filling = self.fill_from == "start" or self.replay_active(trainer)
         # Any step that returns before the end below generates: the run of swap replay steps ends there.
         in_a_row, self.consecutive_replay_steps = self.consecutive_replay_steps, 0
         if not self.replay_active(trainer) or not self.replay.should_replay():
@@ -306,7 +314,10 @@ class ReplayCallback(Callback):
         started = time.perf_counter()
         if not outputs.get("skipped", False):  # a skipped update's rows were never fully scored
             placement.count_gave_way(self.buffer, outputs.get("gave_way"))
-            self.buffer.add(rollouts.to("cpu"))
+            if self._filling:
+                self.buffer.add(rollouts.to("cpu"))
+            else:
+                fill.retire_solved(self.buffer, rollouts.to("cpu"))
         self.last_timings["timing/replay_add"] = time.perf_counter() - started
         self._log(trainer, pl_module, rollouts)
 

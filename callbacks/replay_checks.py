@@ -28,6 +28,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_warn
 
 from exgrpo_pl.callbacks import placement
+from exgrpo_pl.callbacks.fill import FILL_FROM
 from exgrpo_pl.contract import CONTRACT_DOC, REPLAY_MODES, ContractError
 from exgrpo_pl.validation import check_number
 
@@ -56,6 +57,8 @@ def check_options(callback) -> None:
             f"{', '.join(DISPLACED_QUESTIONS)}"
         )
     placement.check_options(callback)
+    if callback.fill_from not in FILL_FROM:
+        raise ValueError(f"{name} fill_from={callback.fill_from!r}; allowed: {', '.join(FILL_FROM)}")
     if callback.bounded_demand and callback.mode != "mix":
         raise ValueError(f"{name} bounded_demand=True needs mode='mix' (a swap replaces the whole batch)")
     replay, percentiles = callback.replay, callback.buffer.entropy_percentiles

@@ -135,6 +135,52 @@ def test_pass_rate_trigger_and_start_epoch_hold_replay_back(tmp_path, tiny_model
     assert [bool(s.replayed.any()) for s in rollouts] == [False, False, True, True]
 
 
+def _solved_if_starting_with_one_else_format(prompts, completions, **columns):
+    return [1.0 if p.startswith("1") else float(c[:1].isdigit()) for p, c in zip(prompts, completions)]
+
+
+_solved_if_starting_with_one_else_format.in_process = True
+
+
+@pytest.mark.parametrize("fill_from", ["start", "replay_start"])
+def test_fill_from_replay_start_stores_nothing_before_the_switch_but_retires_solved_questions(
+    tmp_path, tiny_model_dir, fill_from
+):
+    """The official pool: the batch whose pass rate triggers replay is not stored, so the first replay step
+    finds an empty buffer and stays fresh; questions solved by a whole group retire from the first step."""
+    buffer = TrajectoryBuffer(
+        max_size=1000, keep="correct_of_partial", bucketer=DifficultyBucketer(window_size=4)
+    )
+    callback = ReplayCallback(
+        buffer=buffer, replay=uniform_replay(), mode="mix", min_buffer_size=1, start_pass_rate=0.0,
+        fill_from=fill_from,
+    )  # fmt: skip
+    sizes = BufferSizes(buffer)
+    _, rollouts = fit(
+        tmp_path, tiny_model_dir, [callback, sizes], reward=_solved_if_starting_with_one_else_format
+    )
+    first = rollouts[0]
+    solved = {int(q) for q, c in zip(first.question_ids[::4], first.correct.view(-1, 4).all(1)) if c}
+    assert solved and solved <= set(buffer.bucketer.retired)  # retired from the first step either way
+    replayed = [bool(step.replayed.any()) for step in rollouts]
+    if fill_from == "start":
+        assert sizes.sizes[0] > 0
+        assert replayed == [False, True, True, True] and callback.fallback_steps == 0
+    else:
+        assert sizes.sizes[0] == 0 and sizes.sizes[1] > 0
+        assert replayed == [False, False, True, True] and callback.fallback_steps == 1
+
+
+class BufferSizes(Callback):
+    """The buffer's size after each step (after ReplayCallback has stored the step's rollouts)."""
+
+    def __init__(self, buffer):
+        self.buffer, self.sizes = buffer, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.sizes.append(len(self.buffer))
+
+
 def test_paper_strategy_rescores_entropy_with_the_current_policy(tmp_path, tiny_model_dir):
     replay = SelectiveReplay(strategy="gaussian_lowest_entropy", replay_probability=1.0)
     callback = ReplayCallback(replay=replay, mode="mix", min_buffer_size=1)
@@ -318,6 +364,7 @@ def test_bounded_demand_in_a_run_replays_the_supply_or_falls_back(tmp_path, tiny
         ({"mix_fraction": 1.5}, "mix_fraction=1.5"),
         ({"start_pass_rate": -0.1}, "start_pass_rate=-0.1"),
         ({"min_buffer_size": 0}, "min_buffer_size=0"),
+        ({"fill_from": "switch"}, "fill_from='switch'; allowed: start, replay_start"),
         ({"max_consecutive_replay_steps": 0}, "max_consecutive_replay_steps=0: must be >= 1"),
         ({"max_consecutive_replay_steps": None}, "max_consecutive_replay_steps=None: must be an integer"),
         ({"replay": SelectiveReplay(entropy_percentile=10)}, "entropy_percentile=10 is not one of"),
