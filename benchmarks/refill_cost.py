@@ -6,7 +6,8 @@ of a batch until no dead group is left, at most 10).
 
 Each variant is the learning benchmark's of that name (benchmarks/learning.py `VARIANTS`), trained `--steps`
 steps on its task (`task_overlay`), and records per step the completion tokens generated (every round), the
-wall time from one batch start to the next, its dead groups (K equal rewards) before and after their places
+wall time and the process's CPU time (all threads; on a shared machine the figure the load changes least)
+from one batch start to the next, its dead groups (K equal rewards) before and after their places
 were filled (a placed group may be dead too: "dead groups removed" is the net gain) and the generation rounds.
 Prints each variant's means and their ratios to GRPO's, over all steps and over the steps that took more
 than one round, and writes benchmarks/results/refill_cost.json.
@@ -47,18 +48,18 @@ VARIANTS = {
 
 class Meter(Callback):
     """Per step: (completion tokens generated, seconds from this batch start to the next, dead groups of the
-    first round, dead groups trained on, generation rounds)."""
+    first round, dead groups trained on, generation rounds, CPU seconds of this process in that time)."""
 
     def __init__(self) -> None:
-        self.steps: list[tuple[int, float, int, int, int]] = []
-        self._started, self._tokens, self._dead, self._rounds = None, 0, (0, 0), 1
+        self.steps: list[tuple[int, float, int, int, int, float]] = []
+        self._started, self._cpu, self._tokens, self._dead, self._rounds = None, 0.0, 0, (0, 0), 1
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if self._started is not None:
             tokens = pl_module.generated_tokens - self._tokens
-            self.steps.append((tokens, now - self._started, *self._dead, self._rounds))
-        self._started, self._tokens = now, pl_module.generated_tokens
+            self.steps.append((tokens, now - self._started, *self._dead, self._rounds, cpu - self._cpu))
+        self._started, self._cpu, self._tokens = now, cpu, pl_module.generated_tokens
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         metrics = pl_module.last_step_metrics
@@ -66,7 +67,7 @@ class Meter(Callback):
         self._rounds = int(metrics["train/generation_rounds"])
 
 
-def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tuple[int, float, int, int, int]]:
+def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tuple]:
     preset, change, _ = LEARNING_VARIANTS[VARIANTS[name]]
     overlay = task_overlay(task)
     overlay.setdefault("trainer", {}).update(max_steps=steps + 1, val_check_interval=None)
@@ -94,6 +95,8 @@ def summary(steps: list[tuple], grpo: list[tuple]) -> dict:
         "tokens_per_step": tokens, "seconds_per_step": seconds,
         "tokens_vs_grpo": tokens / statistics.mean(s[0] for s in grpo),
         "seconds_vs_grpo": seconds / statistics.mean(s[1] for s in grpo),
+        "cpu_seconds_per_step": statistics.mean(s[5] for s in steps),
+        "cpu_seconds_vs_grpo": statistics.mean(s[5] for s in steps) / statistics.mean(s[5] for s in grpo),
         "refilling_steps": len(further), "dead_groups_per_step": statistics.mean(s[2] for s in steps),
         "dead_groups_removed_per_step": statistics.mean(s[2] - s[3] for s in steps),
         "rounds_per_step": statistics.mean(s[4] for s in steps),
