@@ -64,8 +64,8 @@ def test_config_builds(config, tmp_path, tiny_model_dir):
 # What the paper's recipe is, beside its scale: the module's algorithm and the replay callback's choices.
 PAPER_ALGORITHM = (
     "num_generations", "temperature", "loss_type", "scale_rewards", "epsilon", "num_iterations", "beta",
-    "entropy_coef", "steps_per_generation", "clip_after_replay_starts", "off_policy_correction",
-    "shaping_beta",
+    "steps_per_generation", "clip_after_replay_starts", "off_policy_correction", "shaping_beta",
+    "weight_decay",
 )  # fmt: skip
 
 
@@ -85,10 +85,16 @@ def test_the_qwen_presets_run_the_paper_presets_algorithm(name):
     for args in replay:
         del args["min_buffer_size"]  # per GPU, sized to the batch
     assert replay[0] == replay[1]
-    # An update takes the official mini-batch, 64 rollouts per GPU, and its clip of 1.0 on a loss 64 times
-    # ours (dr_grpo over those 64 rows) is 1/64 here.
-    assert qwen["data"]["batch_size"] * model["num_generations"] / model["steps_per_generation"] == 64
-    assert model["max_grad_norm"] == 1 / 64
+    # An update takes the official mini-batch, 64 rollouts per GPU; the official loss (a token sum over its
+    # padded width, 8192) is 64 x 3072 / 8192 = 24 times ours (dr_grpo over those 64 rows and 3072 tokens):
+    # its clip of 1.0 is 1/24 here, its entropy weight 0.001 per micro-batch 0.001 / 24 per M. The paper
+    # preset pads to its own width: 0.001 / 64 there.
+    rows = qwen["data"]["batch_size"] * model["num_generations"] / model["steps_per_generation"]
+    scale = rows * model["max_completion_length"] / 8192
+    assert (rows, scale) == (64, 24)
+    assert model["max_grad_norm"] == 1 / scale and model["entropy_coef"] == 0.001 / scale
+    assert paper["model"]["entropy_coef"] == 0.001 / 64
+    assert model["entropy_token_budget"] == paper["model"]["entropy_token_budget"] == 32768
 
 
 def test_config_errors_name_the_field(tmp_path):
@@ -139,6 +145,9 @@ def test_the_4x8_preset_is_the_8_gpu_preset_with_the_global_batch_kept():
     ]
     assert [r.pop("min_buffer_size") * g for r, g in zip(replay, gpus)] == [512, 512]
     assert replay[0] == replay[1]
+    # A rank holds a quarter of the official GPU's rows per update: a quarter of its token budget.
+    budgets = [c["model"].pop("entropy_token_budget") for c in (one, four)]
+    assert budgets == [32768, 8192]
     assert one["model"] == four["model"]
     assert {k: v for k, v in one["trainer"].items() if k != "num_nodes"} == {
         k: v for k, v in four["trainer"].items() if k != "num_nodes"

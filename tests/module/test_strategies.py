@@ -70,7 +70,8 @@ def test_preset_builds_its_deepspeed_strategy(stage, tiny_model_dir, tmp_path):
     hp = cli.model.hparams
     assert (hp.num_generations, hp.learning_rate, hp.temperature, hp.beta) == (8, 1e-6, 1.0, 0.0)
     # The official code's loss, entropy weight and updates (configs/exgrpo_paper.yaml's settings).
-    assert (hp.loss_type, hp.entropy_coef, hp.scale_rewards) == ("dr_grpo", 3.125e-5, "none")
+    assert (hp.loss_type, hp.entropy_coef, hp.scale_rewards) == ("dr_grpo", 0.001 / 24, "none")
+    assert hp.entropy_token_budget == 32768
     assert hp.shaping_beta == 0.1
     assert (hp.steps_per_generation, hp.clip_after_replay_starts) == (2, False)
     assert (hp.dtype, hp.attn_implementation, hp.gradient_checkpointing) == ("bfloat16", "sdpa", True)
@@ -83,7 +84,7 @@ def test_preset_builds_its_deepspeed_strategy(stage, tiny_model_dir, tmp_path):
 
     check_strategy(cli.trainer, cli.model, cli.datamodule)
     # The engine clips (Lightning's DeepSpeed plugin ignores clip_gradients), with model.max_grad_norm.
-    assert strategy.config["gradient_clipping"] == hp.max_grad_norm == 1 / 64
+    assert strategy.config["gradient_clipping"] == hp.max_grad_norm == 1 / 24
     # 16 backwards per update are summed, in fp32 (test_deepspeed_sums_every_micro_batch_in_fp32).
     assert strategy.config["managed_gradient_accumulation"] is False
     assert strategy.config["data_types"] == {"grad_accum_dtype": "fp32"}
