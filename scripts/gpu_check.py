@@ -159,7 +159,10 @@ def table(report: dict) -> str:
                 if "bitwise" in entry:
                     figure = f"{'bitwise' if entry['bitwise'] else 'not bitwise'} after stop at step "
                     figure += f"{entry['stopped_at']} and resume to {entry['steps']}"
-                lines.append(f"    {check:<7} {result['ranks']} ranks  {entry['status'][:60]:<24} {figure}")
+                verdict = "ok" if entry["status"] == "ok" else "FAILED"
+                lines.append(f"    {check:<7} {result['ranks']} ranks  {verdict:<7} {figure}")
+                if verdict != "ok":
+                    lines.append(f"      {entry['status'][:100]}")
         elif name == "memory" and result.get("step"):
             # As memory.py reports it: allocated peak on CUDA, resident memory above the step start on CPU.
             field = "above_start" if result["device"] == "cpu" else "peak"
