@@ -113,13 +113,18 @@ def _dynamic_sampling(**options):
 _BUFFER_ONLY = {"retire_from": "buffer"}
 _KEEP_LAST, _COUNTED = {"all_wrong_groups": "keep_last"}, {"all_wrong_groups": "count"}
 # The paper preset before it took the official code's loss normaliser, entropy weight, two updates per batch,
-# clipping schedule and rule for all-wrong groups (configs/exgrpo_paper.yaml says what each is).
+# clipping schedule, rule for all-wrong groups, skip rule, weight decay and pool timing
+# (configs/exgrpo_paper.yaml says what each is).
 _AS_BEFORE_EXACT = _changed(
+    callback={"fill_from": "start", "min_buffer_size": 8},
     module={
         "loss_type": "dapo",
         "entropy_coef": 0.001,
+        "entropy_token_budget": None,
         "steps_per_generation": 1,
         "clip_after_replay_starts": True,
+        "skip_grad_norm": None,
+        "weight_decay": 0.0,
     },
     bucketer=_COUNTED,
 )

@@ -210,8 +210,12 @@ def test_the_paper_preset_before_and_after_exact_train_on_as_many_batches(overla
     assert exact.model.updates_per_batch == 2 and before.model.updates_per_batch == 1
     hp = before.model.hparams
     assert (hp.loss_type, hp.entropy_coef, hp.clip_after_replay_starts) == ("dapo", 0.001, True)
+    assert (hp.entropy_token_budget, hp.skip_grad_norm, hp.weight_decay) == (None, None, 0.0)
     hp = exact.model.hparams
-    assert (hp.loss_type, hp.entropy_coef, hp.clip_after_replay_starts) == ("dr_grpo", 3.125e-5, False)
+    assert (hp.loss_type, hp.entropy_coef, hp.clip_after_replay_starts) == ("dr_grpo", 1.5625e-5, False)
+    assert (hp.entropy_token_budget, hp.skip_grad_norm, hp.weight_decay) == (32768, 500.0, 0.01)
+    fills = [learning._replay_callback(cli) for cli in (exact, before)]
+    assert [(c.fill_from, c.min_buffer_size) for c in fills] == [("replay_start", 1), ("start", 8)]
     rules = [learning._replay_callback(cli).buffer.bucketer.all_wrong_groups for cli in (exact, before)]
     assert rules == ["keep_last", "count"]
     for cli in (exact, before):
