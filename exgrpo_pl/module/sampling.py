@@ -17,7 +17,8 @@ from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.engines import SamplingConfig
 from exgrpo_pl.step.groups import RolloutPlan, assemble_groups, plan_rollouts
-from exgrpo_pl.step.refill import advantages_of, dead_places, informative, placed, refill_plan, refilled
+from exgrpo_pl.step.losses import group_advantages
+from exgrpo_pl.step.refill import dead_places, informative, placed, refill_plan, refilled
 
 
 class RolloutSampling:
@@ -87,12 +88,10 @@ class RolloutSampling:
         rewards) filled by `exgrpo_pl.step.refill`, from replay's pool (`ReplayCallback(placement="refill")`)
         or from the training stream (`dynamic_sampling`), with as many rounds and places on every rank
         (generation is collective under ZeRO-3). Logs `train/dead_groups_before`, `train/dead_groups_after`
-        and `train/generation_rounds` (this rank's groups; rounds including the first). The groups trained
-        on after a further round get the module's `compute_advantages` where it has one, else
-        `group_advantages` under `scale_rewards`."""
+        and `train/generation_rounds` (this rank's groups; rounds including the first). Advantages follow
+        `scale_rewards`, as the first round's do."""
         k, mode = self.num_generations, self.hparams.dynamic_sampling
         pool = experience.rollouts if experience is not None and experience.placement == "refill" else None
-        own_advantages = getattr(self, "compute_advantages", None)  # a subclass's own definition, if any
         places = dead_places(rollouts)
         metrics["train/dead_groups_before"] = float(places.sum())
         trained, gave_way, rounds = rollouts, [], 1
@@ -105,7 +104,7 @@ class RolloutSampling:
                 plan = refill_plan(pool, n, k) if pool is not None else self._fresh_plan(n)
                 trained, gave = refilled(
                     rollouts, places, plan, self._collect_round(plan, metrics), self.hparams.scale_rewards,
-                    self.sum_over_ranks, own_advantages,
+                    self.sum_over_ranks,
                 )  # fmt: skip
                 gave_way, rounds = [gave], 2
         elif mode == "dapo":  # rounds of a batch of fresh questions; their informative groups take places
@@ -119,8 +118,8 @@ class RolloutSampling:
                 gave_way += [gave, left]
                 places, rounds = dead_places(trained), rounds + 1
             if rounds > 1:
-                trained.advantages = advantages_of(
-                    trained.rewards, k, self.hparams.scale_rewards, self.sum_over_ranks, own_advantages
+                trained.advantages = group_advantages(
+                    trained.rewards, k, self.hparams.scale_rewards, sum_over_ranks=self.sum_over_ranks
                 )
         metrics["train/dead_groups_after"] = float(dead_places(trained).sum())
         metrics["train/generation_rounds"] = float(rounds)
