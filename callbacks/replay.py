@@ -50,7 +50,7 @@ class ReplayCallback(Callback):
     dummy ones. Under DDP nothing is added.
 
     The fresh questions a replay step displaces (a mixed step's last ones, as many as it replays; a swap
-    step's whole batch) are dropped by default, as in the paper's code. With
+    step's whole batch) are dropped by default, as in the official code. With
     `displaced_questions="defer"` they come back first in the next batch instead (`PromptDataModule`'s
     training batches then form one stream of passes, see `PromptDataModule.stream_passes`), so every
     training question is still trained on once per pass, and a pass takes proportionally more steps. Every
@@ -59,21 +59,24 @@ class ReplayCallback(Callback):
     ranks, at the same step.
 
     Args:
-        buffer: where trajectories are kept; default `TrajectoryBuffer()` (the seed's defaults).
-        replay: how experience is chosen; default `SelectiveReplay()` (the seed's defaults).
-        mode: "swap" (the seed: with probability p the whole batch is replaced by B*K replayed trajectories
-            and nothing is generated) or "mix" (the paper: a fraction `mix_fraction` of the batch's
-            questions is replaced by experience, each as its stored trajectory plus K-1 fresh rollouts).
+        buffer: where trajectories are kept; default `TrajectoryBuffer()` (the reference description's
+            defaults).
+        replay: how experience is chosen; default `SelectiveReplay()` (the reference description's defaults).
+        mode: "swap" (the reference description: with probability p the whole batch is replaced by B*K
+            replayed trajectories and nothing is generated) or "mix" (the paper: a fraction `mix_fraction` of
+            the batch's questions is replaced by experience, each as its stored trajectory plus K-1 fresh
+            rollouts).
         mix_fraction: rho, share of a mixed batch's questions that come from experience (paper: 0.5).
-        replay_start_epoch: first epoch that may replay (the seed); None = no epoch condition.
+        replay_start_epoch: first epoch that may replay (the reference description); None = no epoch
+            condition.
         start_pass_rate: replay starts after a training batch's pass rate exceeds this (paper: 0.35);
             None = no pass-rate condition.
-        min_buffer_size: fewest stored trajectories to replay from (the seed: 1000).
+        min_buffer_size: fewest stored trajectories to replay from (the reference description: 1000).
         bounded_demand: mix mode: a step replays at most as many questions as the buffer holds in the
             medium-difficulty range (`replay.medium_range`), and the rest of the batch stays fresh, instead of
             drawing the rho share from wherever it can, which drains the medium tiers and then the tiers on
             either side when few questions arrive there per step. False replays the full share (the paper).
-        displaced_questions: "discard" (the paper's code: the fresh questions a replay step displaces are not
+        displaced_questions: "discard" (the official code: the fresh questions a replay step displaces are not
             trained on in this pass) or "defer" (they come back first in the next batch, and the pass takes
             longer; needs a datamodule with `stream_passes()` and `defer_questions()`, as
             `PromptDataModule`). Under DDP, "defer" makes every rank replay the fewest questions any rank
@@ -81,8 +84,8 @@ class ReplayCallback(Callback):
         max_consecutive_replay_steps: swap mode: the most replay steps in a row; the step after them is
             fresh (its coin is still drawn, so every other decision stays the coin's). The default 4 keeps
             one step in five fresh at `replay_probability` 1, where without a floor nothing new would ever
-            be generated, and at the seed's 0.3 binds only after five heads in a row (probability 0.3^5 ~
-            0.0024). Mix mode samples fresh rollouts on every step and ignores it.
+            be generated, and at the reference description's 0.3 binds only after five heads in a row
+            (probability 0.3^5 ~ 0.0024). Mix mode samples fresh rollouts on every step and ignores it.
         placement: mix mode: where experience goes (`exgrpo_pl.callbacks.placement`). "displace" (the paper):
             in place of the batch's last questions. "join": into the group of the batch's own question, as
             one of its K members (only questions the buffer already holds, so never on a single pass).

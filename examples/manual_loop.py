@@ -1,18 +1,20 @@
-"""The seed's hand-written ExGRPO loop, in plain PyTorch (no Lightning), on the embedded arithmetic task.
+"""The reference description's hand-written ExGRPO loop, in plain PyTorch (no Lightning), on the embedded
+arithmetic task.
 
-Same algorithm as `ExGRPOModule` + `ReplayCallback(mode="swap")`, written out the way the seed writes it:
-on-policy GRPO for `replay_start_epoch` epochs, then each step a coin flip (p = 0.3) decides between an
-on-policy batch and a batch of replayed medium-difficulty, low-entropy trajectories, off-policy corrected
-with importance weights. The library supplies the seed's objects: `TrajectoryBuffer`, `DifficultyBucketer`,
-`SelectiveReplay`, `compute_importance_weights`, `compute_grpo_loss`. `trajectory_buffer.add()` also takes
-the seed's per-trajectory dict ({"prompt", "rollout", "reward", "is_correct", "entropy"}); this loop stores
-whole `RolloutBatch`es instead, which carry the token ids and behaviour log-probs that replay needs.
+Same algorithm as `ExGRPOModule` + `ReplayCallback(mode="swap")`, written out the way the reference
+description writes it: on-policy GRPO for `replay_start_epoch` epochs, then each step a coin flip (p = 0.3)
+decides between an on-policy batch and a batch of replayed medium-difficulty, low-entropy trajectories,
+off-policy corrected with importance weights. The library supplies the reference description's objects:
+`TrajectoryBuffer`, `DifficultyBucketer`, `SelectiveReplay`, `compute_importance_weights`,
+`compute_grpo_loss`. `trajectory_buffer.add()` also takes the reference description's per-trajectory dict
+({"prompt", "rollout", "reward", "is_correct", "entropy"}); this loop stores whole `RolloutBatch`es instead,
+which carry the token ids and behaviour log-probs that replay needs.
 
     python examples/manual_loop.py                 # about 15 s on one CPU core, most of it imports
     python examples/manual_loop.py --epochs 6 --steps-per-epoch 40 --batch-size 16 --num-rollouts 8
 
 The default run (60 steps of 8 prompts x 4 rollouts) is a smoke run: too short and too small a batch for
-the tiny policy to improve visibly. The second command (the seed config's batch, about 40 s) does: val
+the tiny policy to improve visibly. The second command (the swap preset's batch, about 40 s) does: val
 pass@1 goes from 0.21 to about 0.30.
 """
 
@@ -49,7 +51,8 @@ verifier = ArithmeticReward()
 
 @torch.no_grad()
 def rollout(model, tokenizer, batch: dict, num_rollouts: int, version: int = 0) -> RolloutBatch:
-    """The seed's `model.rollout` + `verifier.evaluate`: K sampled completions per prompt, scored."""
+    """The reference description's `model.rollout` + `verifier.evaluate`: K sampled completions per prompt,
+    scored."""
 
     def repeat(values: list) -> list:  # rows of one question sit next to each other, as GRPO groups
         return [v for v in values for _ in range(num_rollouts)]
@@ -93,7 +96,8 @@ def grpo_step(model, optimizer, rollouts: RolloutBatch) -> float:
         importance_weights = compute_importance_weights(logps, rollouts.behaviour_logps, mask)
     else:
         rollouts.behaviour_logps = logps.detach().masked_fill(~mask, 0.0)
-        # The seed's compute_entropy: mean token entropy over the real completion tokens only.
+        # The reference description's compute_entropy: mean token entropy over the real completion tokens
+        # only.
         rollouts.entropy = compute_entropy(logits.detach(), mask)
     loss, _ = compute_grpo_loss(
         logps, logps.detach(), rollouts.advantages, mask,  # old = current: one update per batch, ratio 1
@@ -122,8 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per step")
     parser.add_argument("--num-rollouts", type=int, default=4, help="K, rollouts per prompt (>= 2)")
     parser.add_argument("--replay-start-epoch", type=int, default=1)
-    # The seed waits for 1000 stored trajectories; a 20-step demo epoch stores about 600 (8 prompts x K=4
-    # x 20 steps, less retired questions), so 1000 would keep replay off until the last epoch.
+    # The reference description waits for 1000 stored trajectories; a 20-step demo epoch stores about 600 (8
+    # prompts x K=4 x 20 steps, less retired questions), so 1000 would keep replay off until the last epoch.
     parser.add_argument("--min-buffer-size", type=int, default=100)
     parser.add_argument("--replay-probability", type=float, default=0.3)
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -145,7 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
     model = load_policy(MODEL)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
-    # The seed's three objects. The buffer owns the bucketer: `add()` updates its per-question correctness.
+    # The reference description's three objects. The buffer owns the bucketer: `add()` updates its
+    # per-question correctness.
     difficulty_bucketer = DifficultyBucketer(metric="correctness_rate", window_size=100)
     trajectory_buffer = TrajectoryBuffer(
         max_size=100_000, difficulty_tiers=5, entropy_percentiles=[25, 50, 75], bucketer=difficulty_bucketer
@@ -164,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     for epoch in range(args.epochs):
         rewards_seen, replay_steps = [], 0
         for batch in itertools.islice(on_policy_dataloader, args.steps_per_epoch):
-            # The seed's two phases: on-policy only before replay_start_epoch, then the coin flip per step.
+            # The reference description's two phases: on-policy only before replay_start_epoch, then the coin
+            # flip per step.
             use_replay = epoch >= args.replay_start_epoch and replay_manager.should_replay()
             rollouts = None
             if use_replay and len(trajectory_buffer) > args.min_buffer_size:

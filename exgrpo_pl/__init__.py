@@ -1,6 +1,8 @@
 """exgrpo-pl: ExGRPO (GRPO with selective experience replay) for PyTorch Lightning.
 
-The seed's objects import from the top level without Lightning:
+The reference description's objects (the reference description: the short written description of ExGRPO,
+with an API sketch and a hand-written loop, that the library's objects and defaults follow; not the paper)
+import from the top level without Lightning:
 
     from exgrpo_pl import TrajectoryBuffer, DifficultyBucketer, SelectiveReplay
 

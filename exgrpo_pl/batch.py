@@ -126,13 +126,15 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.question_ids.shape[0]
 
-    # The seed's hand-written loop reads a replay batch as a dict with these keys.
+    # The reference description's hand-written loop reads a replay batch as a dict with these keys.
     _SEED_KEYS = {"prompts": "prompts", "rollouts": "completions", "rewards": "rewards"}
 
     def __getitem__(self, key: str):
-        """`batch["prompts"]`, `batch["rollouts"]`, `batch["rewards"]`: the seed's names for the columns."""
+        """`batch["prompts"]`, `batch["rollouts"]`, `batch["rewards"]`: the reference description's names for
+        the columns."""
         if key not in self._SEED_KEYS:
-            raise KeyError(f"RolloutBatch has no key {key!r}; the seed's keys are {sorted(self._SEED_KEYS)}")
+            keys = sorted(self._SEED_KEYS)
+            raise KeyError(f"RolloutBatch has no key {key!r}; the reference description's keys are {keys}")
         return getattr(self, self._SEED_KEYS[key])
 
     def select(self, index: Tensor | Sequence[int], group_size: int = 1) -> RolloutBatch:

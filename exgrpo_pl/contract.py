@@ -49,10 +49,10 @@ class Experience:
     """Replayed trajectories for one training step.
 
     Args:
-        mode: "swap" (the seed): train on `rollouts` alone, generating nothing, with the advantages they
-            carry. "mix" (the paper): each row is one question's stored trajectory; the module replaces as
-            many on-policy questions of the batch, generates K-1 fresh rollouts per replayed question and
-            computes advantages over the whole group of K.
+        mode: "swap" (the reference description): train on `rollouts` alone, generating nothing, with the
+            advantages they carry. "mix" (the paper): each row is one question's stored trajectory; the module
+            replaces as many on-policy questions of the batch, generates K-1 fresh rollouts per replayed
+            question and computes advantages over the whole group of K.
         rollouts: the sampled trajectories (`replayed` is True on every row).
         placement: mix mode: "displace" and "join" are the mix above (for "join" the rows are stored
             trajectories of the batch's last questions themselves); "refill": `rollouts` is a pool, and after

@@ -32,7 +32,7 @@ Common math layouts and the arguments that read them:
 - OpenR1-Math (`problem`, `solution`, `answer`, `uuid`, ...): `prompt_column="problem",
   answer_column="answer"`; `solution` and the other columns stay in each row, so reward functions get them
   as keyword columns.
-- verl, the paper's code (`data_source`, `prompt` as messages, `ability`, `reward_model: {ground_truth,
+- verl, the official code (`data_source`, `prompt` as messages, `ability`, `reward_model: {ground_truth,
   style}`, `extra_info`): `prompt_column="prompt", answer_column="reward_model.ground_truth",
   domain_column="data_source"`, and `drop_system_prompt=True` to leave out its system prompt.
 """

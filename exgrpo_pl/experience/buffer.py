@@ -61,12 +61,12 @@ class TrajectoryBuffer:
     replaced), because its behaviour log-probs come from the policy closest to the current one, so its
     importance weights are the least stale. Duplicates inside one batch collapse to its last one. Rows are
     compared by a 64-bit hash of their completion ids, then exactly where hashes agree. A trajectory
-    without completion ids (the seed's dict without "completion_ids") is compared by its completion text
-    instead, with the question's stored trajectories that have no ids either.
+    without completion ids (the reference description's dict without "completion_ids") is compared by its
+    completion text instead, with the question's stored trajectories that have no ids either.
 
     The buffer keeps each trajectory's per-token log-probs under the policy that generated it (the behaviour
     policy) and that policy's version, so importance weights need no copy of the old model: this is what
-    the seed's `trajectory_buffer.policy_snapshot` stands for (see `policy_snapshot`).
+    the reference description's `trajectory_buffer.policy_snapshot` stands for (see `policy_snapshot`).
 
     Dataset columns (`RolloutBatch.columns`) are kept once per question, the newest, until its last stored
     trajectory leaves; sampled rows carry them, so replayed questions are scored as their fresh ones were.
@@ -78,9 +78,9 @@ class TrajectoryBuffer:
         entropy_percentiles: percentiles (0..100, increasing) that split stored entropies into bands;
             `sample(entropy_percentile=...)` must be one of them.
         bucketer: the source of per-question correctness rates; a new `DifficultyBucketer()` when None.
-        keep: which fresh trajectories are stored. "all" (the seed): every one; "correct": the correct ones;
-            "correct_of_partial" (the paper): the correct ones of questions whose latest group had
-            0 < correct < total.
+        keep: which fresh trajectories are stored. "all" (the reference description): every one; "correct":
+            the correct ones; "correct_of_partial" (the paper): the correct ones of questions whose latest
+            group had 0 < correct < total.
         max_per_question: keep at most this many trajectories of one question, evicting that question's
             oldest first; None (the paper) keeps all. A cap bounds the paper's entropy rescoring, which scores
             every stored trajectory of each sampled question, and drops the stalest trajectories first.
@@ -139,9 +139,10 @@ class TrajectoryBuffer:
         Replayed rows are never stored again (their stored copies are still there).
 
         Args:
-            trajectory: a `RolloutBatch`, or the seed's dict with keys "prompt", "rollout", "reward",
-                "is_correct", "entropy" and optionally "question_id" (default: `text_id` of the prompt),
-                "answer", "prompt_ids", "completion_ids", "behaviour_logps", "policy_version", "domain".
+            trajectory: a `RolloutBatch`, or the reference description's dict with keys "prompt", "rollout",
+                "reward", "is_correct", "entropy" and optionally "question_id" (default: `text_id` of the
+                prompt), "answer", "prompt_ids", "completion_ids", "behaviour_logps", "policy_version",
+                "domain".
 
         Returns:
             the number of trajectories stored (a fresh copy of a stored duplicate counts; duplicates inside
@@ -226,15 +227,15 @@ class TrajectoryBuffer:
         "medium_range" keeps questions whose current rate lies in `difficulty_range`; "gaussian" (the paper)
         draws a rate bucket with weight `exp(-(rate - 0.5)^2 / (2 sigma^2))`, then a question uniformly
         without replacement inside it, until `size` questions or none are left; "uniform" draws questions
-        uniformly without replacement. Trajectory selection: "low_entropy_percentile" (the seed) keeps
-        trajectories whose stored entropy is <= the `entropy_percentile`-th percentile of the candidates';
-        "lowest_entropy" (the paper) / "highest_entropy" take per question the trajectory with the lowest /
-        highest entropy under the current policy, `entropy_fn(candidates)` called at most once, on every
-        stored trajectory of the sampled questions that have more than one (stored entropy when None);
-        "random" takes one uniformly. Only correct rows are drawn, whatever `keep` stored.
-        "medium_range" with "low_entropy_percentile" samples trajectories uniformly (the seed's unit); every
-        other pair samples questions, one trajectory each. Retired questions are never sampled; with fewer
-        eligible than `size`, fewer rows (possibly none) come back.
+        uniformly without replacement. Trajectory selection: "low_entropy_percentile" (the reference
+        description) keeps trajectories whose stored entropy is <= the `entropy_percentile`-th percentile of
+        the candidates'; "lowest_entropy" (the paper) / "highest_entropy" take per question the trajectory
+        with the lowest / highest entropy under the current policy, `entropy_fn(candidates)` called at most
+        once, on every stored trajectory of the sampled questions that have more than one (stored entropy when
+        None); "random" takes one uniformly. Only correct rows are drawn, whatever `keep` stored.
+        "medium_range" with "low_entropy_percentile" samples trajectories uniformly (the reference
+        description's unit); every other pair samples questions, one trajectory each. Retired questions are
+        never sampled; with fewer eligible than `size`, fewer rows (possibly none) come back.
 
         Advantages are `reward - current rate of the question`: a fresh estimate of the group-mean baseline
         under today's policy, where the advantage stored at collection time would be stale. `domains` is None
@@ -251,7 +252,8 @@ class TrajectoryBuffer:
             gaussian_sigma: bucket weight width of "gaussian" in rate units, > 0 (1/8: one count at K=8).
             question_sampling: overrides the strategy's question sampling.
             trajectory_selection: overrides the strategy's trajectory selection.
-            replayed_trajectories: "correct", or the seed's opt-in "any_stored_including_incorrect".
+            replayed_trajectories: "correct", or the reference description's opt-in
+                "any_stored_including_incorrect".
             questions: draw one trajectory per question among these ids only (placement="join"); None: all.
         """
         return draw(

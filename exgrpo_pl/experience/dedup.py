@@ -4,7 +4,8 @@ Rows are compared by a 64-bit hash of their completion ids (`exgrpo_pl.ragged.ro
 where hashes agree. `TrajectoryBuffer.add` (`exgrpo_pl.experience.buffer`) collapses an incoming batch's
 duplicates to their last row (`batch_duplicates`), then releases the stored copies of what it is about to
 store (`release_stored_copies`), so the newest copy is the one kept. A trajectory without completion ids (the
-seed's dict) is compared by its completion text (`release_same_text`). Plain NumPy, no Lightning.
+reference description's dict) is compared by its completion text (`release_same_text`). Plain NumPy, no
+Lightning.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def release_stored_copies(
 
 def release_same_text(storage: SlotStorage, qidx: int, text: str) -> None:
     """Release question `qidx`'s stored trajectories without completion ids whose completion is `text`
-    (the seed's dict API, whose completions may be text alone)."""
+    (the reference description's dict API, whose completions may be text alone)."""
     slots, _ = storage.index.groups(np.array([qidx]))
     no_ids = slots[storage.tokens["completion"].length[slots] == 0]
     storage.release(no_ids[storage.texts["completions"][no_ids] == text])

@@ -2,10 +2,10 @@
 
 The bucketer is the single source of "how hard is this question right now" for the buffer and the replay
 sampler. It sees every fresh scored trajectory (`update`), keeps a window of each question's most recent
-outcomes (the seed's `window_size`, so difficulty follows the policy as it improves), remembers the
-question's latest group (the rollouts of one update call, the paper's buckets) and retires questions that a
-whole group solved, for as long as they stay solved. The tier of a rate and the medium range's check are in
-`exgrpo_pl.experience.rate_tiers`, the paper's draw of questions by rate bucket in
+outcomes (the reference description's `window_size`, so difficulty follows the policy as it improves),
+remembers the question's latest group (the rollouts of one update call, the paper's buckets) and retires
+questions that a whole group solved, for as long as they stay solved. The tier of a rate and the medium
+range's check are in `exgrpo_pl.experience.rate_tiers`, the paper's draw of questions by rate bucket in
 `exgrpo_pl.experience.bucket_draw`; all are importable from here. Plain PyTorch/NumPy, no Lightning.
 """
 
@@ -64,7 +64,7 @@ class DifficultyBucketer:
     Retirement: a question whose latest group has at least `min_retire_group` rollouts, all correct, is
     retired, because a group with no failures has zero advantage and teaches nothing. A retired question
     leaves the buffer (its trajectories are removed and no new ones are stored, so replay never draws it)
-    and, with `retire_from="buffer_and_stream"` (the paper's code), the fresh question stream too. It stays
+    and, with `retire_from="buffer_and_stream"` (the official code), the fresh question stream too. It stays
     retired only while it stays solved: a later group of it with a failure brings it back. A question out of
     the stream is seen again only if something brings it back to the stream: `readmit_after_epochs`. The
     paper trains one or two passes over 46K questions, where dropping solved questions from the stream costs
@@ -80,16 +80,16 @@ class DifficultyBucketer:
         window_size: number of most recent outcomes per question that its rate is computed over, >= 1.
         correct_threshold: a rollout is correct when its reward is strictly greater than this.
         retire_from: what a solved question leaves: "buffer" (the default: it stays in the fresh stream, so
-            its next group shows whether it is still solved), "buffer_and_stream" (the paper's code,
+            its next group shows whether it is still solved), "buffer_and_stream" (the official code,
             `configs/exgrpo_paper.yaml`), or None (solved questions are never retired).
         readmit_after_epochs: with "buffer_and_stream", a retired question returns to the fresh stream this
             many epochs after the epoch that retired it (and retires again if its next group is solved);
             None keeps it out for good (the paper).
         min_retire_group: smallest latest group that can retire a question, >= 1. With the default of 2,
-            trajectories added one at a time (the seed's loop) never retire anything.
+            trajectories added one at a time (the reference description's loop) never retire anything.
         all_wrong_groups: what a group of at least `min_retire_group` rollouts with none correct does:
             "count" (the default) records it like any other, so the question's rate drops towards 0 and its
-            stored correct trajectories leave the medium range; "keep_last" (the paper's code, whose bucket
+            stored correct trajectories leave the medium range; "keep_last" (the official code, whose bucket
             manager skips such groups) leaves the question's window, rate and latest group as they were, so
             an old success of a question the policy now fails stays a replay candidate in its last bucket (a
             question first seen with such a group stays unknown).
@@ -138,7 +138,8 @@ class DifficultyBucketer:
     def _reset(self) -> None:
         self._index: dict[int, int] = {}
         self._windows: list[deque[bool]] = []
-        # Grown by doubling, so adding questions one at a time (the seed's loop) stays amortised O(1).
+        # Grown by doubling, so adding questions one at a time (the reference description's loop) stays
+        # amortised O(1).
         self._cols = {name: np.zeros(0, dtype=dtype) for name, (dtype, _) in _QUESTION_COLUMNS.items()}
         self._domain_names: list[str] = []
         self._domain_codes: dict[str, int] = {}
@@ -205,7 +206,7 @@ class DifficultyBucketer:
         groups: dict[int, list[bool]] = {}
         for q, c in zip(qids, correct, strict=True):
             groups.setdefault(q, []).append(c)
-        if self.all_wrong_groups == "keep_last":  # the paper's code skips a group with no correct rollout
+        if self.all_wrong_groups == "keep_last":  # the official code skips a group with no correct rollout
             groups = {q: o for q, o in groups.items() if len(o) < self.min_retire_group or any(o)}
         self._add_questions([q for q in groups if q not in self._index])
         cols = self._cols
@@ -341,9 +342,9 @@ class DifficultyBucketer:
     def medium_range(
         self, base: tuple[float, float] = (0.3, 0.7), adaptive: bool = False
     ) -> tuple[float, float]:
-        """The rate range that counts as medium difficulty: `base`, or with `adaptive` (the seed's "adjust
-        medium-difficulty bounds based on buffer statistics") `base`'s width centred on the median rate of
-        the known, non-retired questions (`exgrpo_pl.experience.rate_tiers.centred_range`).
+        """The rate range that counts as medium difficulty: `base`, or with `adaptive` (the reference
+        description's "adjust medium-difficulty bounds based on buffer statistics") `base`'s width centred on
+        the median rate of the known, non-retired questions (`exgrpo_pl.experience.rate_tiers.centred_range`).
 
         Args:
             base: (low, high) with 0 <= low <= high <= 1.

@@ -1,9 +1,10 @@
-"""SelectiveReplay: when to replay (the seed's coin flip) and which experience (a buffer sampling strategy).
+"""SelectiveReplay: when to replay (the reference description's coin flip) and which experience (a buffer
+sampling strategy).
 
-The seed's `replay_manager`: it owns the replay probability and the sampling settings, and draws both from
-its own seeded generators, so every rank that builds it with the same seed and makes the same calls takes
-the same replay decisions (a rank that generates while another replays deadlocks under ZeRO-3). Plain
-PyTorch, no Lightning.
+The reference description's `replay_manager`: it owns the replay probability and the sampling settings, and
+draws both from its own seeded generators, so every rank that builds it with the same seed and makes the same
+calls takes the same replay decisions (a rank that generates while another replays deadlocks under ZeRO-3).
+Plain PyTorch, no Lightning.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class SelectiveReplay:
     `ReplayCallback` calls when training is set up, so a `seed_everything` after construction counts.
 
     Args:
-        strategy: "entropy_guided" (the seed's name, = "medium_difficulty_low_entropy") or any name in
-            `exgrpo_pl.experience.buffer.STRATEGIES`, e.g. "gaussian_lowest_entropy" (the paper).
+        strategy: "entropy_guided" (the reference description's name, = "medium_difficulty_low_entropy") or
+            any name in `exgrpo_pl.experience.buffer.STRATEGIES`, e.g. "gaussian_lowest_entropy" (the paper).
         replay_probability: chance in [0, 1] that `should_replay()` says yes.
         medium_difficulty_range: (low, high) correctness-rate range of "medium_range" question sampling.
         entropy_percentile: percentile of "low_entropy_percentile" trajectory selection.
@@ -44,8 +45,8 @@ class SelectiveReplay:
         seed: seed of the decision and sampling generators, the same on every rank; None: derived from the
             run seed.
         replayed_trajectories: "correct" (ExGRPO: only correct stored trajectories are replayed, whatever
-            the buffer's `keep` stores) or "any_stored_including_incorrect" (the seed's buffer with
-            `keep="all"`, whose selection ranks wrong answers with the right ones).
+            the buffer's `keep` stores) or "any_stored_including_incorrect" (the reference description's
+            buffer with `keep="all"`, whose selection ranks wrong answers with the right ones).
     """
 
     def __init__(

@@ -21,14 +21,16 @@ from exgrpo_pl.experience.storage import SlotStorage
 QUESTION_SAMPLING = ("medium_range", "gaussian", "uniform")
 TRAJECTORY_SELECTION = ("low_entropy_percentile", "lowest_entropy", "highest_entropy", "random")
 STRATEGIES: dict[str, tuple[str, str]] = {
-    "medium_difficulty_low_entropy": ("medium_range", "low_entropy_percentile"),  # the seed
+    "medium_difficulty_low_entropy": ("medium_range", "low_entropy_percentile"),  # the reference description
     "gaussian_lowest_entropy": ("gaussian", "lowest_entropy"),  # the paper
     "highest_entropy": ("gaussian", "highest_entropy"),  # the paper's ablation
     "uniform": ("uniform", "random"),
 }
-STRATEGY_ALIASES = {"entropy_guided": "medium_difficulty_low_entropy"}  # the seed's name in SelectiveReplay
+# "entropy_guided": the reference description's name in SelectiveReplay.
+STRATEGY_ALIASES = {"entropy_guided": "medium_difficulty_low_entropy"}
 # Which stored trajectories a draw may return: the correct ones (ExGRPO replays correct solutions), or, by an
-# explicit opt-in, every stored one (the seed's buffer with keep="all" stores wrong answers too).
+# explicit opt-in, every stored one (the reference description's buffer with keep="all" stores wrong answers
+# too).
 REPLAYED_TRAJECTORIES = ("correct", "any_stored_including_incorrect")
 
 EntropyFn = Callable[[RolloutBatch], Tensor]
@@ -112,7 +114,8 @@ def draw(
         entropy = storage.cols["entropy"][candidates]
         threshold = _percentile(entropy, entropy_percentile) if len(candidates) else np.inf
         passing = candidates[entropy <= threshold]
-        if qs == "medium_range" and questions is None:  # the seed's unit: trajectories, uniformly
+        # The reference description's unit: trajectories, drawn uniformly.
+        if qs == "medium_range" and questions is None:
             return storage.gather(passing[_choose(len(passing), size, generator)])
         eligible[:] = False
         eligible[storage.cols["qidx"][passing]] = True  # questions with a trajectory that passed

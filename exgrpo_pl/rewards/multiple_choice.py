@@ -1,7 +1,7 @@
 """Multiple-choice verifier: the option the completion chose must be the reference option, as the paper's
 evaluation scores its out-of-distribution sets (ARC-c, GPQA-diamond, MMLU-Pro).
 
-The paper's code (ElliottYan/LUFFY, `ExGRPO/eval_scripts/generate_vllm.py`, `oat_evaluate`) grades those
+The official code (ElliottYan/LUFFY, `ExGRPO/eval_scripts/generate_vllm.py`, `oat_evaluate`) grades those
 sets with the same grader as math: the content of the completion's last `\\boxed{...}` against the
 reference, which is an option label ("C", or "2" for the ARC questions numbered 1-4); its normalization
 accepts the label in either case, in parentheses and inside `\\text{}`-like wrappers, and nothing longer

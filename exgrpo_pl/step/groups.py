@@ -16,8 +16,8 @@ and `replayed_token_loss` puts the replayed rows' importance-weighted term into 
 - Mix (the paper): the batch's last `len(experience)` questions give way to the replayed questions. Each
   replayed question gets K-1 fresh rollouts, and its group is its stored trajectory followed by them;
   advantages are computed over all K.
-- Swap (the seed): nothing is generated; the step trains on the replayed rows alone, with their stored
-  baseline advantage put on the scale of on-policy ones (`replay_advantages`).
+- Swap (the reference description): nothing is generated; the step trains on the replayed rows alone, with
+  their stored baseline advantage put on the scale of on-policy ones (`replay_advantages`).
 
 The parts live in `exgrpo_pl.step.plan` (`plan_rollouts`, `RolloutPlan`), `exgrpo_pl.step.assembly`
 (`assemble_groups`, `replay_advantages`), `exgrpo_pl.step.sampling` (`sample_groups`, `sample_plan`,

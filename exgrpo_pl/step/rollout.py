@@ -87,8 +87,9 @@ def compute_entropy(logits: Tensor, mask: Tensor, method: str = "entropy") -> Te
     Args:
         logits: `[N, C, V]` logits that predicted each completion token.
         mask: `[N, C]` bool, real completion tokens (padding on either side is excluded).
-        method: "entropy" (the seed's default) is the mean token entropy; "confidence_variance" (the
-            seed's alternative) is the variance over tokens of the top-token probability.
+        method: "entropy" (the reference description's default) is the mean token entropy;
+            "confidence_variance" (the reference description's alternative) is the variance over tokens of the
+            top-token probability.
 
     Returns:
         `[N]`.
