@@ -849,7 +849,8 @@ def probe_swap_reward_logging(workdir: Path) -> tuple[str, str, dict]:
     )
     if run["code"] != 0:
         return "FAILED", last_error(run["output"]), run
-    events = EventAccumulator(str(next(root.glob("lightning_logs/*")))).Reload()
+    run_folder = next(path for path in root.glob("lightning_logs/*") if path.is_dir())  # not the HParams file
+    events = EventAccumulator(str(run_folder)).Reload()
     swapped = {e.step for e in events.Scalars("replay/row_fraction") if e.value == 1.0}
     logged = {
         tag: {e.step for e in events.Scalars(tag)} & swapped

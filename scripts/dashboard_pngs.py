@@ -8,8 +8,9 @@ ATen's portable kernels (docs/getting-started.md's quickstart sentence, which `s
 holds to the current code), and draws from that run. Writes, with matplotlib (no TensorBoard server, no
 display):
 
-- scalars.png: val/pass@1, train/reward, replay/question_fraction with replay/row_fraction, and
-  train/entropy over optimizer steps (the raw values faint, TensorBoard's exponential smoothing on top);
+- scalars.png: val/pass@1, train/reward, replay/row_fraction with train/replayed_share (what replay takes
+  of the batch's rows, and of the update's weight), and train/entropy over optimizer steps (the raw values
+  faint, TensorBoard's exponential smoothing on top);
 - monitor_histograms.png: the last monitor/correctness_rate, monitor/entropy and monitor/staleness
   histograms that `DifficultyMonitor` logged;
 - heatmap.png: the last monitor/difficulty_entropy_heatmap image, as TensorBoard shows it;
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCALARS = (
     (("val/pass@1",), "validation pass@1"),
     (("train/reward",), "training reward (mean over rollouts)"),
-    (("replay/question_fraction", "replay/row_fraction"), "replayed share of the step"),
+    (("replay/row_fraction", "train/replayed_share"), "replayed share: of the rows, of the update"),
     (("train/entropy",), "mean token entropy of the trained rows"),
 )
 COLOURS = ("tab:orange", "tab:purple")

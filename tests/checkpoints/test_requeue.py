@@ -79,7 +79,7 @@ def test_an_hpc_checkpoint_left_in_the_root_folder_is_refused_not_loaded(slurm, 
     main(["fit", *cli_args(tiny_model_dir, tmp_path / "run")])
     hpc = tmp_path / "hpc_ckpt_1.ckpt"  # what Lightning's requeue handler wrote, mid-step
     hpc.write_bytes(
-        (tmp_path / "run" / "lightning_logs" / "version_4242" / "checkpoints" / "last.ckpt").read_bytes()
+        (tmp_path / "run" / "lightning_logs" / "run-s0-job4242" / "checkpoints" / "last.ckpt").read_bytes()
     )
     with pytest.raises(ValueError, match=f"{hpc}: Lightning's auto-requeue wrote it in the middle"):
         main(["fit", *cli_args(tiny_model_dir, tmp_path, steps=3)])
@@ -91,7 +91,7 @@ def test_a_requeued_job_without_ckpt_path_resumes_from_the_newest_complete_check
     main(["fit", *cli_args(tiny_model_dir, tmp_path)])
     slurm.setenv("SLURM_RESTART_COUNT", "1")
     main(["fit", *cli_args(tiny_model_dir, tmp_path, steps=3)])
-    checkpoints = tmp_path / "lightning_logs" / "version_4242" / "checkpoints"
+    checkpoints = tmp_path / "lightning_logs" / "run-s0-job4242" / "checkpoints"  # no config, seed 0, the job
     out = capsys.readouterr().out
     saved = checkpoints / "epoch=0-step=2.ckpt"
     assert f"SLURM requeued job 4242 (restart 1) with no --ckpt_path: resuming from {saved}" in out

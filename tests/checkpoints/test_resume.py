@@ -195,7 +195,8 @@ def fit_shipped(config: str, root: Path, steps: int, resume: bool = False) -> di
         f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false",
         *(["--ckpt_path=last"] if resume else []),
     ])  # fmt: skip
-    newest = max((root / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    runs = (root / "lightning_logs").glob(f"{config}-s*")  # `<config>-s0`, then `-v1`, ...: the newest
+    newest = max(runs, key=lambda p: (p / "checkpoints" / "last.ckpt").stat().st_mtime)
     return torch.load(newest / "checkpoints" / "last.ckpt", weights_only=True)
 
 
