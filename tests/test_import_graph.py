@@ -24,7 +24,7 @@ SOURCES = {ROOT / "exgrpo_pl": "exgrpo_pl", ROOT / "callbacks": "exgrpo_pl.callb
 LAYERS = [
     # the shared basics, at the top level
     "batch", "ragged", "seeding", "validation", "contract", "models", "lightning_internals", "moved",
-    "renamed",
+    "renamed", "run_names",
     "rewards",  # verifiers
     "engines",  # what samples the completions
     "data",  # prompt data, the synthetic tasks
