@@ -49,6 +49,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -166,7 +167,7 @@ def fit_killed(path: Path, workdir: Path, steps: int, after_step: int) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        pattern = f"lightning_logs/version_*/checkpoints/*-step={after_step}.ckpt"
+        pattern = f"lightning_logs/*/checkpoints/*-step={after_step}.ckpt"
         while not list(workdir.glob(pattern)):
             if process.poll() is not None:
                 raise RuntimeError(
@@ -176,7 +177,7 @@ def fit_killed(path: Path, workdir: Path, steps: int, after_step: int) -> int:
         time.sleep(0.5)  # into the next step: nothing of it is saved
         process.send_signal(signal.SIGKILL)
         process.wait()
-    saved = [p for p in workdir.glob("lightning_logs/version_*/checkpoints/*.ckpt") if not p.is_symlink()]
+    saved = [p for p in workdir.glob("lightning_logs/*/checkpoints/*.ckpt") if not p.is_symlink()]
     return max(int(p.stem.rsplit("step=", 1)[1]) for p in saved)
 
 
@@ -185,7 +186,14 @@ def _env() -> dict[str, str]:
 
 
 def versions(workdir: Path) -> list[Path]:
-    return sorted((workdir / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    """The run folders of `workdir`'s log folder, oldest first: Lightning's `version_N` (a Python `Trainer`'s)
+    or the CLI's `<config>-s<seed>` followed by `-v1`, `-v2` for the runs after it (`exgrpo_pl.run_names`)."""
+
+    def number(folder: Path) -> int:
+        found = re.search(r"(?:^version_|-v)(\d+)$", folder.name)
+        return int(found.group(1)) if found else 0
+
+    return sorted((p for p in (workdir / "lightning_logs").iterdir() if p.is_dir()), key=number)
 
 
 def series(version: Path, tag: str) -> dict[int, float]:
