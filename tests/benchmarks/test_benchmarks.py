@@ -6,6 +6,7 @@ They are measurements, not tests: these only keep them from rotting as the libra
 import importlib
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -285,3 +286,10 @@ def test_hypotheses_benchmark(bench, tmp_path, capsys):
     bench("hypotheses")
     claim = "on the weak start, the recommended preset (then placement displace) ends above GRPO"
     assert f"| H2 | {claim} | **undecided** |" in capsys.readouterr().out
+
+
+def test_headline_benchmark(bench, tmp_path, capsys):
+    shutil.copy(BENCHMARKS / "results" / "learning_yardstick.json", tmp_path / "learning_yardstick.json")
+    bench("headline")
+    printed = capsys.readouterr().out
+    assert "recommended preset" in printed and "weak start" in printed and "±" in printed
