@@ -100,18 +100,8 @@ def test_dr_grpo_with_entropy_coef_c_m_over_b_is_the_official_loss_over_b(
     # The official old log-prob of a replayed row is its behaviour log-prob.
     official_old = torch.where(replayed.unsqueeze(1), behaviour, old)
     prefix = replayed.unsqueeze(1).expand_as(mask)
-    official = sum(
-        official_micro_batch_loss(
-            logps[part],
-            official_old[part],
-            adv[part],
-            mask[part].double(),
-            prefix[part],
-            entropy[part],
-            0.001,
-            remove_clip,
-        )  # fmt: skip
-        for part in torch.arange(b).chunk(micro_batches)
+    official = summed_official_loss(
+        torch.arange(b).chunk(micro_batches), logps, official_old, adv, mask, prefix, entropy, remove_clip
     )
     mine = b * ours(
         logps, old, behaviour, adv, mask, replayed, entropy, 0.001 * micro_batches / b, not remove_clip
@@ -180,7 +170,17 @@ def test_the_bonus_counted_by_the_token_budget_is_the_official_dynamic_batching(
     fresh = torch.zeros(b, dtype=torch.bool)
     prefix = fresh.unsqueeze(1).expand_as(mask)
     parts = torch.randperm(b, generator=gen).view(m, rows)  # any split into M equal micro-batches
-    official = sum(
+    official = summed_official_loss(parts, logps, old, adv, mask, prefix, entropy, remove_clip)
+    mine = b * ours(logps, old, old, adv, mask, fresh, entropy, 0.001 / b * count, not remove_clip)
+    assert torch.allclose(mine, official, atol=1e-12)
+    grads = torch.autograd.grad(official, (logps, entropy))
+    mine_grads = torch.autograd.grad(mine, (logps, entropy))
+    assert all(torch.allclose(a, b_, atol=1e-12) for a, b_ in zip(grads, mine_grads))
+
+
+def summed_official_loss(parts, logps, old, adv, mask, prefix, entropy, remove_clip):
+    """The official actor loss summed over its micro-batches (`parts`: their rows), entropy weight 0.001."""
+    return sum(
         official_micro_batch_loss(
             logps[part],
             old[part],
@@ -193,8 +193,3 @@ def test_the_bonus_counted_by_the_token_budget_is_the_official_dynamic_batching(
         )  # fmt: skip
         for part in parts
     )
-    mine = b * ours(logps, old, old, adv, mask, fresh, entropy, 0.001 / b * count, not remove_clip)
-    assert torch.allclose(mine, official, atol=1e-12)
-    grads = torch.autograd.grad(official, (logps, entropy))
-    mine_grads = torch.autograd.grad(mine, (logps, entropy))
-    assert all(torch.allclose(a, b_, atol=1e-12) for a, b_ in zip(grads, mine_grads))
