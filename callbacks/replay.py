@@ -260,7 +260,7 @@ class ReplayCallback(Callback):
             return
         started = time.perf_counter()
         synced = self.replay.rescores and needs_synced_generation(trainer)
-        rescoring = Rescoring(trainer, pl_module, synced)
+        rescoring = Rescoring(trainer, pl_module, synced, self.replay.trajectory_selection)
         # Only join draws among given questions: a SelectiveReplay subclass predating `questions` still runs.
         among = {"questions": placement.joinable(self, batch)} if self.placement == "join" else {}
         experience = self.replay.sample(self.buffer, size, entropy_fn=rescoring, **among)

@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from exgrpo_pl.callbacks import placement
 from exgrpo_pl.callbacks.fill import FILL_FROM
 from exgrpo_pl.contract import CONTRACT_DOC, REPLAY_MODES, ContractError
+from exgrpo_pl.experience.sampling import OFFICIAL_PICK
 from exgrpo_pl.validation import check_number
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -92,6 +93,14 @@ def check_module(callback, module) -> None:
     samples at (`sampling_temperature()`), where the replay strategy rescores stored trajectories."""
     if not callback.replay.rescores:
         return
+    if callback.replay.trajectory_selection == OFFICIAL_PICK and not callable(
+        getattr(module, "score_official_entropy", None)
+    ):
+        raise ContractError(
+            f"ReplayCallback's trajectory_selection={OFFICIAL_PICK!r} rescores stored trajectories with "
+            f"the module's score_official_entropy(rollouts, num_forwards=None), which "
+            f"{type(module).__name__} lacks: inherit exgrpo_pl.module.ReplayMixin, see {CONTRACT_DOC}"
+        )
     for hook in ("replay_policy", "sampling_temperature"):
         read = getattr(module, hook, None)
         if not callable(read):

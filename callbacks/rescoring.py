@@ -10,6 +10,7 @@ from lightning.pytorch import LightningModule, Trainer
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.callbacks.collectives import max_across_ranks
+from exgrpo_pl.experience.sampling import OFFICIAL_PICK
 
 
 class Rescoring:
@@ -22,10 +23,13 @@ class Rescoring:
     have no stored trajectory, and `join` then runs the round with nothing to score.
     """
 
-    def __init__(self, trainer: Trainer, pl_module: LightningModule, synced: bool) -> None:
+    def __init__(self, trainer: Trainer, pl_module: LightningModule, synced: bool, selection: str) -> None:
         self.trainer = trainer
         self.pl_module = pl_module
         self.synced = synced
+        # The official code's score for its selection, the paper's mean completion entropy for the others.
+        official = selection == OFFICIAL_PICK
+        self.score = pl_module.score_official_entropy if official else pl_module.score_entropy
         self.rounds = 0
         self.seconds = 0.0
 
@@ -37,9 +41,9 @@ class Rescoring:
         with torch.no_grad():
             if self.synced:
                 forwards = max_across_ranks(self.trainer, self.pl_module.entropy_forwards(candidates))
-                scores = self.pl_module.score_entropy(candidates, num_forwards=forwards)
+                scores = self.score(candidates, num_forwards=forwards)
             else:
-                scores = self.pl_module.score_entropy(candidates)
+                scores = self.score(candidates)
         self.rounds += 1
         self.seconds += time.perf_counter() - started
         return scores.cpu()

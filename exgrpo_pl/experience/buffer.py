@@ -25,6 +25,7 @@ from exgrpo_pl.experience.dedup import (
 )
 from exgrpo_pl.experience.difficulty import DifficultyBucketer, check_rate_range, tier_of
 from exgrpo_pl.experience.sampling import (
+    OFFICIAL_PICK,
     QUESTION_SAMPLING,
     REPLAYED_TRAJECTORIES,
     STRATEGIES,
@@ -38,8 +39,9 @@ from exgrpo_pl.experience.sampling import (
 from exgrpo_pl.experience.storage import SlotStorage, as_numpy, batch_payload, payload_subset
 from exgrpo_pl.validation import check_number
 
-__all__ = ["KEEP_MODES", "QUESTION_SAMPLING", "REPLAYED_TRAJECTORIES", "STRATEGIES", "STRATEGY_ALIASES",
-           "TRAJECTORY_SELECTION", "EntropyFn", "TrajectoryBuffer", "resolve_strategy"]  # fmt: skip
+__all__ = ["KEEP_MODES", "OFFICIAL_PICK", "QUESTION_SAMPLING", "REPLAYED_TRAJECTORIES", "STRATEGIES",
+           "STRATEGY_ALIASES", "TRAJECTORY_SELECTION", "EntropyFn", "TrajectoryBuffer",
+           "resolve_strategy"]  # fmt: skip
 
 KEEP_MODES = ("all", "correct", "correct_of_partial")
 _SEED_KEYS = ("prompt", "rollout", "reward", "is_correct", "entropy")
@@ -232,7 +234,8 @@ class TrajectoryBuffer:
         the candidates'; "lowest_entropy" (the paper) / "highest_entropy" take per question the trajectory
         with the lowest / highest entropy under the current policy, `entropy_fn(candidates)` called at most
         once, on every stored trajectory of the sampled questions that have more than one (stored entropy when
-        None); "random" takes one uniformly. Only correct rows are drawn, whatever `keep` stored.
+        None); "random" takes one uniformly; "official_inverted_mask_entropy" the lowest official-code score
+        (`exgrpo_pl.step.official_pick`) of them all. Only correct rows are drawn, whatever `keep` stored.
         "medium_range" with "low_entropy_percentile" samples trajectories uniformly (the reference
         description's unit); every other pair samples questions, one trajectory each. Retired questions are
         never sampled; with fewer eligible than `size`, fewer rows (possibly none) come back.

@@ -12,14 +12,20 @@ from __future__ import annotations
 import torch
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.experience.buffer import REPLAYED_TRAJECTORIES, EntropyFn, TrajectoryBuffer, resolve_strategy
+from exgrpo_pl.experience.buffer import (
+    OFFICIAL_PICK,
+    REPLAYED_TRAJECTORIES,
+    EntropyFn,
+    TrajectoryBuffer,
+    resolve_strategy,
+)
 from exgrpo_pl.experience.difficulty import check_rate_range
 from exgrpo_pl.seeding import derive_seed, split_seed
 from exgrpo_pl.validation import check_number
 
 # The trajectory selections for which `TrajectoryBuffer.sample` calls `entropy_fn` (the others rank by the
 # entropy stored at collection, or not at all).
-RESCORING_SELECTIONS = ("lowest_entropy", "highest_entropy")
+RESCORING_SELECTIONS = ("lowest_entropy", "highest_entropy", OFFICIAL_PICK)
 
 
 class SelectiveReplay:
@@ -39,7 +45,8 @@ class SelectiveReplay:
         entropy_percentile: percentile of "low_entropy_percentile" trajectory selection.
         gaussian_sigma: width of "gaussian" question sampling, in rate units.
         question_sampling: overrides the strategy's question sampling (ablations).
-        trajectory_selection: overrides the strategy's trajectory selection (ablations).
+        trajectory_selection: overrides the strategy's trajectory selection (ablations;
+            "official_inverted_mask_entropy" ranks by the official code's score, to compare with the paper's).
         adaptive_range: centre the medium range on the median rate of the questions in play, see
             `DifficultyBucketer.medium_range`.
         seed: seed of the decision and sampling generators, the same on every rank; None: derived from the

@@ -19,13 +19,20 @@ from exgrpo_pl.experience.difficulty import check_rate_range, gaussian_bucket_dr
 from exgrpo_pl.experience.storage import SlotStorage
 
 QUESTION_SAMPLING = ("medium_range", "gaussian", "uniform")
-TRAJECTORY_SELECTION = ("low_entropy_percentile", "lowest_entropy", "highest_entropy", "random")
+TRAJECTORY_SELECTION = (
+    "low_entropy_percentile",
+    "lowest_entropy",
+    "highest_entropy",
+    "random",
+    "official_inverted_mask_entropy",  # the official code's score (exgrpo_pl.step.official_pick), to compare
+)
 STRATEGIES: dict[str, tuple[str, str]] = {
     "medium_difficulty_low_entropy": ("medium_range", "low_entropy_percentile"),  # the reference description
     "gaussian_lowest_entropy": ("gaussian", "lowest_entropy"),  # the paper
     "highest_entropy": ("gaussian", "highest_entropy"),  # the paper's ablation
     "uniform": ("uniform", "random"),
 }
+OFFICIAL_PICK = "official_inverted_mask_entropy"
 # "entropy_guided": the reference description's name in SelectiveReplay.
 STRATEGY_ALIASES = {"entropy_guided": "medium_difficulty_low_entropy"}
 # Which stored trajectories a draw may return: the correct ones (ExGRPO replays correct solutions), or, by an
@@ -158,7 +165,9 @@ def _one_per_question(
     `selection`:
     "random" uniformly, "low_entropy_percentile" uniformly among those with stored entropy <=
     `threshold`, "lowest_entropy" / "highest_entropy" by entropy under `entropy_fn` (stored entropy for
-    questions with a single trajectory, or without `entropy_fn`)."""
+    questions with a single trajectory, or without `entropy_fn`), "official_inverted_mask_entropy" by the
+    lowest of `entropy_fn`'s scores of every candidate in this order (the official code scores them all,
+    in chunks that depend on the order; a NaN score is picked first, as its `argmin` does)."""
     slots, counts = storage.index.groups(chosen)  # each chosen question's slots, in turn
     if allowed is not None:
         group = np.repeat(np.arange(len(chosen)), counts)
@@ -169,7 +178,12 @@ def _one_per_question(
         u = torch.rand(len(chosen), generator=generator, dtype=torch.float64).numpy()
         return storage.gather(slots[first + np.minimum((u * counts).astype(np.int64), counts - 1)])
     group = np.repeat(np.arange(len(chosen)), counts)
-    if selection == "low_entropy_percentile":
+    if selection == OFFICIAL_PICK:
+        if entropy_fn is None:
+            raise ValueError(f"trajectory_selection={OFFICIAL_PICK!r} needs entropy_fn: the policy scores")
+        key = _scores(entropy_fn, storage.gather(slots, columns=False)).numpy()
+        key[np.isnan(key)] = -np.inf
+    elif selection == "low_entropy_percentile":
         key = torch.rand(len(slots), generator=generator, dtype=torch.float64).numpy()
         key[storage.cols["entropy"][slots] > threshold] = np.inf  # never first where one passed
     else:
@@ -178,15 +192,18 @@ def _one_per_question(
         contested = counts[group] > 1
         if entropy_fn is not None and contested.any():
             # Rescoring reads the tokens alone: the candidates come without their dataset columns.
-            scores = torch.as_tensor(entropy_fn(storage.gather(slots[contested], columns=False)))
-            if scores.shape != (int(contested.sum()),):
-                raise ValueError(
-                    f"entropy_fn returned shape {tuple(scores.shape)}, expected ({int(contested.sum())},)"
-                )
-            key[contested] = scores.detach().cpu().double().numpy()
+            key[contested] = _scores(entropy_fn, storage.gather(slots[contested], columns=False)).numpy()
         key = -key if selection == "highest_entropy" else key
     order = np.lexsort((key, group))  # by sampling position, then best key first
     return storage.gather(slots[order[first]])
+
+
+def _scores(entropy_fn: EntropyFn, candidates: RolloutBatch) -> Tensor:
+    """`entropy_fn(candidates)` as `[n]` float64 on the CPU; the wrong shape is an error naming it."""
+    scores = torch.as_tensor(entropy_fn(candidates))
+    if scores.shape != (len(candidates),):
+        raise ValueError(f"entropy_fn returned shape {tuple(scores.shape)}, expected ({len(candidates)},)")
+    return scores.detach().cpu().double()
 
 
 def _percentile(values: np.ndarray, q: float) -> float:

@@ -31,6 +31,7 @@ from exgrpo_pl.lightning_internals import attached_trainer
 from exgrpo_pl.step.groups import record_behaviour, replayed_token_loss, sample_groups
 from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS
 from exgrpo_pl.step.losses import SCALE_REWARDS
+from exgrpo_pl.step.official_pick import official_pick_scores
 from exgrpo_pl.step.refill import AdvantageFn, advantages_of, dead_places, refill_plan, refilled
 from exgrpo_pl.step.rollout import num_micro_batches, score_entropy
 from exgrpo_pl.step.sampling import sample_plan
@@ -92,16 +93,26 @@ class ReplayMixin:
 
         `num_forwards`: run exactly that many forwards (see `exgrpo_pl.contract.ReplayableModule`).
         """
-        tokenizer = getattr(self, "tokenizer", None)
-        return score_entropy(
-            self.replay_policy(),
-            rollouts.to(self.device),
-            self.sampling_temperature(),
-            self.rescore_rows(),
-            num_forwards=num_forwards,
-            pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
-            chunk_elements=self._replay_setting("logit_chunk_elements", DEFAULT_CHUNK_ELEMENTS),
+        return score_entropy(self.replay_policy(), rollouts.to(self.device), **self._rescoring(num_forwards))
+
+    def score_official_entropy(self, rollouts: RolloutBatch, num_forwards: int | None = None) -> Tensor:
+        """`[N]` the official code's trajectory score of `rollouts`, in order, under the current policy
+        (`trajectory_selection="official_inverted_mask_entropy"`, see `exgrpo_pl.step.official_pick`), over
+        the last `max_completion_length` positions, with `score_entropy`'s forwards."""
+        window = self._replay_setting("max_completion_length", rollouts.completion_ids.shape[1])
+        return official_pick_scores(
+            self.replay_policy(), rollouts.to(self.device), window, **self._rescoring(num_forwards)
         )
+
+    def _rescoring(self, num_forwards: int | None) -> dict:
+        tokenizer = getattr(self, "tokenizer", None)
+        return {
+            "temperature": self.sampling_temperature(),
+            "micro_batch_size": self.rescore_rows(),
+            "num_forwards": num_forwards,
+            "pad_token_id": getattr(tokenizer, "pad_token_id", None) or 0,
+            "chunk_elements": self._replay_setting("logit_chunk_elements", DEFAULT_CHUNK_ELEMENTS),
+        }
 
     def entropy_forwards(self, rollouts: RolloutBatch) -> int:
         """Policy forwards that `score_entropy(rollouts)` runs: one per micro-batch."""

@@ -121,8 +121,8 @@ def score_entropy(
     """Mean completion-token entropy of stored trajectories under the CURRENT policy. `[N]`.
 
     This is what the paper's trajectory selection ranks by. Its official code masks this with an inverted,
-    misaligned padding mask (ExGRPO issue #57); here only real completion tokens count, whatever the padding
-    on the prompt side.
+    misaligned padding mask (ExGRPO issue #57; `exgrpo_pl.step.official_pick` reproduces that score to
+    compare with); here only real completion tokens count, whatever the padding on the prompt side.
 
     Memory: one micro-batch's forward, its `[micro_batch_size, C+1, V]` logits in the model's dtype, and
     float32 chunks of `chunk_elements` logits (see `completion_logps`), however many rows are scored.
@@ -137,13 +137,32 @@ def score_entropy(
         pad_token_id: the token of the dummy row.
         chunk_elements: logits per float32 chunk of the softmax work.
     """
+    entropy = token_entropies(
+        model, batch, temperature, micro_batch_size, num_forwards, pad_token_id, chunk_elements
+    )  # [N, C]
+    return masked_mean(entropy, batch.completion_mask, dim=1)
+
+
+@torch.no_grad()
+def token_entropies(
+    model,
+    batch,
+    temperature: float = 1.0,
+    micro_batch_size: int = 64,
+    num_forwards: int | None = None,
+    pad_token_id: int = 0,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> Tensor:
+    """Entropy of the distribution that predicted each completion token, under the current policy, one
+    micro-batch of rows per forward. `[N, C]`, meaningful where `batch.completion_mask` is True. The
+    arguments are `score_entropy`'s."""
     rows_total = batch.prompt_ids.shape[0]
     needed = num_micro_batches(rows_total, micro_batch_size)
     if num_forwards is not None and num_forwards < needed:
         raise ValueError(
             f"num_forwards={num_forwards} is fewer than the {needed} micro-batches of {rows_total} rows"
         )
-    scores = []
+    entropies = [batch.completion_ids.new_zeros((0, batch.completion_ids.shape[1]), dtype=torch.float32)]
     for start in range(0, rows_total, micro_batch_size):
         rows = slice(start, start + micro_batch_size)
         _, entropy = completion_logps(
@@ -155,7 +174,7 @@ def score_entropy(
             temperature,
             chunk_elements=chunk_elements,
         )
-        scores.append(masked_mean(entropy, batch.completion_mask[rows], dim=1))
+        entropies.append(entropy.float())
     if num_forwards is not None and num_forwards > needed:
         # One real token (an all-masked row can make attention produce NaN) and no completion: the
         # cheapest call that still runs every layer, hence every parameter gather.
@@ -164,4 +183,4 @@ def score_entropy(
         empty = dummy[:, :0]
         for _ in range(num_forwards - needed):
             policy_logits(model, dummy, torch.ones_like(dummy, dtype=torch.bool), empty, empty.bool())
-    return torch.cat(scores) if scores else torch.zeros(0)
+    return torch.cat(entropies)

@@ -12,8 +12,10 @@ from test_buffer import group
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.callbacks import ReplayCallback, replay_state
+from exgrpo_pl.contract import ContractError
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import DifficultyBucketer, SelectiveReplay, TrajectoryBuffer
+from exgrpo_pl.module import ExGRPOModule
 
 
 class RecordRollouts(Callback):
@@ -186,6 +188,36 @@ def test_paper_strategy_rescores_entropy_with_the_current_policy(tmp_path, tiny_
     callback = ReplayCallback(replay=replay, mode="mix", min_buffer_size=1)
     trainer, rollouts = fit(tmp_path, tiny_model_dir, [callback])
     assert trainer.logged_metrics["timing/replay_rescore"] > 0
+
+
+def test_official_pick_rescores_with_the_modules_official_score(tmp_path, tiny_model_dir):
+    replay = SelectiveReplay(
+        strategy="gaussian_lowest_entropy",
+        trajectory_selection="official_inverted_mask_entropy",
+        replay_probability=1.0,
+    )
+    callback = ReplayCallback(replay=replay, mode="mix", min_buffer_size=1)
+    calls = []
+    score = ExGRPOModule.score_official_entropy
+
+    def recorded(module, rollouts, num_forwards=None):
+        calls.append(len(rollouts))
+        return score(module, rollouts, num_forwards)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExGRPOModule, "score_official_entropy", recorded)
+        patch.setattr(ExGRPOModule, "score_entropy", lambda *a, **k: pytest.fail("the paper's score ran"))
+        trainer, rollouts = fit(tmp_path, tiny_model_dir, [callback])
+    assert calls and callback.replayed_steps > 0
+    assert any(step.replayed.any() for step in rollouts)
+
+
+def test_official_pick_needs_the_modules_official_score(tmp_path, tiny_model_dir):
+    replay = SelectiveReplay(trajectory_selection="official_inverted_mask_entropy")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExGRPOModule, "score_official_entropy", None)
+        with pytest.raises(ContractError, match="score_official_entropy.*ReplayMixin"):
+            fit(tmp_path, tiny_model_dir, [ReplayCallback(replay=replay, mode="mix")], max_steps=1)
 
 
 def test_buffer_survives_a_checkpoint_loaded_with_weights_only(tmp_path, tiny_model_dir):

@@ -354,6 +354,37 @@ def test_questions_with_one_stored_trajectory_are_not_rescored():
     assert scored == [[1, 1]]  # only question 1 had a choice, and only while it was stored
 
 
+def test_official_pick_scores_every_candidate_in_order_and_takes_a_nan_first():
+    """The official code scores all of the sampled questions' trajectories, singletons too, in one list
+    (its chunks of 8 depend on the order), and its argmin returns a NaN score's index first."""
+    buffer = no_retire()
+    buffer.add(make_batch([1, 1, 1, 2, 3, 3], [1, 1, 1, 1, 1, 1], entropy=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]))
+    scored = []
+    scores = {0.1: 3.0, 0.2: 1.0, 0.3: 2.0, 0.4: 9.0, 0.5: 0.0, 0.6: float("nan")}
+
+    def official(candidates):
+        scored.append([round(e, 4) for e in candidates.entropy.tolist()])
+        return torch.tensor([scores[round(e, 4)] for e in candidates.entropy.tolist()])
+
+    batch = buffer.sample(
+        "gaussian_lowest_entropy",
+        trajectory_selection="official_inverted_mask_entropy",
+        question_sampling="uniform",
+        size=3,
+        entropy_fn=official,
+        generator=torch.Generator().manual_seed(0),
+    )
+    picked = dict(zip(batch.question_ids.tolist(), np.round(batch.entropy.tolist(), 4)))
+    assert picked == {1: 0.2, 2: 0.4, 3: 0.6}
+    (order,) = scored  # question after question in sampling order, each in stored order
+    by_question = {1: [0.1, 0.2, 0.3], 2: [0.4], 3: [0.5, 0.6]}
+    assert order == [e for q in batch.question_ids.tolist() for e in by_question[q]]
+    with pytest.raises(ValueError, match="official_inverted_mask_entropy.*needs entropy_fn"):
+        buffer.sample(
+            "gaussian_lowest_entropy", trajectory_selection="official_inverted_mask_entropy", size=1
+        )
+
+
 def test_gaussian_sampling_matches_bucket_weights():
     buffer = TrajectoryBuffer(bucketer=DifficultyBucketer(window_size=8))
     counts = [1, 2, 3, 4, 4, 5, 6, 7]  # two questions share the 0.5 bucket
