@@ -115,6 +115,10 @@ REPORTED = tuple(
     ("the paper's all-wrong rule in the paper preset", task, "ExGRPO paper", "paper, all-wrong counted",
      DECIDING, SEEDS, "learning_yardstick")
     for task in TASKS
+) + tuple(
+    ("the official code's trajectory pick in the recommended preset", task,
+     "recommended, official trajectory pick", "ExGRPO recommended", DECIDING, SEEDS, "learning_yardstick")
+    for task in TASKS
 ) + tuple(  # H10, written before its runs as reported
     (f"H10: {what}", task, a, b, (EQUAL_TOKENS, DECIDING[0]), 10, ONE_COMMIT)
     for what, a, b in (

@@ -202,6 +202,13 @@ VARIANTS = {
     # Where experience goes (ReplayCallback's placement): the recommended preset refills the places of groups
     # whose K rewards are all equal; these put it in the places of fresh questions (the paper's mix, the
     # recommended preset's placement until the learning page's H6), or join it to its own question's group.
+    # The official code's trajectory score (an inverted mask from another row, favouring short trajectories)
+    # in place of the paper's lowest mean completion entropy.
+    "recommended, official trajectory pick": (
+        "exgrpo",
+        _changed(replay={"trajectory_selection": "official_inverted_mask_entropy"}),
+        None,
+    ),
     "recommended, displace": ("exgrpo", _changed(callback={"placement": "displace"}), None),
     "recommended, join": ("exgrpo", _changed(callback={"placement": "join"}), None),
     # Dead groups (K equal rewards) filled with fresh questions, no replay: refill's twin, the places given to

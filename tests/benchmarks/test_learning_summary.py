@@ -260,6 +260,10 @@ def test_the_placement_variants_are_the_recommended_preset_with_that_placement()
     # Deferring needs displaced questions: the recommended preset's deferred variant displaces them.
     deferred = replay_checks.options(learning._replay_callback(_built("recommended, deferred")))
     assert deferred == {**recommended, "placement": "displace", "displaced_questions": "defer"}
+    official = replay_checks.options(
+        learning._replay_callback(_built("recommended, official trajectory pick"))
+    )
+    assert official == {**recommended, "replay.trajectory_selection": "official_inverted_mask_entropy"}
 
 
 def test_fresh_questions_count_joined_ones_and_those_that_gave_way_but_not_displaced_or_refilled_ones():
