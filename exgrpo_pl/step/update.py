@@ -28,6 +28,7 @@ from exgrpo_pl.step.losses import (
     compute_importance_weights,
     official_micro_batches,
 )
+from exgrpo_pl.step.mini_batches import accumulate, averaged, mini_batch_rows
 from exgrpo_pl.step.rollout import completion_logps
 
 
@@ -128,6 +129,7 @@ class PolicyUpdate:
         weight = 1.0 / (hp.num_iterations * len(updates))  # each update's share of the step's statistics
         weigh_replayed = bool(rollouts.replayed.any())
         totals: dict[str, float] = {}
+        shares: dict[str, float] = {}  # per averaged statistic, the share of the step that reported it
         finite = True
         for iteration in range(hp.num_iterations):
             for update_rows, normaliser, entropy_count in zip(updates, normalisers, entropy_counts):
@@ -154,7 +156,7 @@ class PolicyUpdate:
                         break
                     self.manual_backward(loss)
                     share = weight * len(rows) / len(update_rows)
-                    _accumulate(totals, {"loss": loss.detach(), **stats}, weight, share)
+                    accumulate(totals, shares, {"loss": loss.detach(), **stats}, weight, share)
                 finite = self._optimizer_step(optimizer, scheduler, finite, totals)
                 if not finite:
                     break
@@ -162,6 +164,7 @@ class PolicyUpdate:
                 break
         if finite:
             self.nonfinite.passed()
+        averaged(totals, shares)
         totals["nonfinite_steps"] = float(self.nonfinite.skipped)
         if hp.skip_grad_norm is not None:
             totals["grad_norm_skips"] = float(self.nonfinite.too_large)
@@ -341,51 +344,3 @@ def loss_options(hp, entropy_count: int = 1) -> dict:
         use_bias_correction_kl=hp.use_bias_correction_kl,
         entropy_coef=hp.entropy_coef * entropy_count,
     )
-
-
-def mini_batch_rows(num_rows: int, group_size: int, count: int, stored_only: bool = False) -> list[Tensor]:
-    """The rows of each of a step's `count` optimizer updates: its groups (K consecutive rows each) dealt out
-    in turn, group g to update g mod count, so every row is used once and each update holds the batch's
-    share of replayed groups (the batch lists its fresh groups first).
-
-    Args:
-        num_rows: the step's rows on this rank.
-        group_size: K; a swap step's stored rows are dealt K at a time too, or one at a time when they make
-            fewer than `count` sets of K (they are independent trajectories).
-        count: optimizer updates per pass (`steps_per_generation`).
-        stored_only: the step is a swap replay step, its rows drawn from the replay buffer.
-
-    Returns:
-        `count` long tensors of row indices, in increasing order.
-
-    Raises:
-        ValueError: fewer groups than updates (a swap step: fewer stored rows), naming the cause.
-    """
-    groups = -(-num_rows // group_size)
-    if stored_only and groups < count:
-        group_size, groups = 1, num_rows
-    if stored_only and groups < count:
-        raise ValueError(
-            f"ExGRPOModule steps_per_generation={count}: this swap replay step drew only {num_rows} stored "
-            f"row(s) from the replay buffer, fewer than its {count} optimizer updates (each needs one); "
-            "data.batch_size does not set how many a swap step draws. Lower steps_per_generation, use "
-            "ReplayCallback mode='mix', or raise its min_buffer_size so replay starts with more stored rows"
-        )
-    if groups < count:
-        raise ValueError(
-            f"ExGRPOModule steps_per_generation={count}: a step has only {groups} groups of {group_size} "
-            f"rows on this rank ({num_rows} rows), fewer than its updates; raise data.batch_size or lower "
-            "steps_per_generation"
-        )
-    group_of_row = torch.arange(num_rows) // group_size  # [num_rows]
-    return [torch.nonzero(group_of_row % count == update).squeeze(1) for update in range(count)]
-
-
-_SUMMED = ("loss", "pg_weight", "replayed_pg_weight")  # normalised by the update's mini-batch already
-
-
-def _accumulate(totals: dict[str, float], values: dict[str, Tensor], weight: float, share: float) -> None:
-    """Sum the loss (and the policy-gradient weights) over micro-batches (each is already normalised by
-    the update's mini-batch) and weigh it by the update's share of the step; average the rest."""
-    for key, value in values.items():
-        totals[key] = totals.get(key, 0.0) + (weight if key in _SUMMED else share) * float(value)

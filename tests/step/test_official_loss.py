@@ -13,7 +13,7 @@ from exgrpo_pl.step.losses import (
     compute_importance_weights,
     official_micro_batches,
 )
-from exgrpo_pl.step.update import mini_batch_rows
+from exgrpo_pl.step.mini_batches import mini_batch_rows
 
 ROOT = "ExGRPO/exgrpo/verl/verl/mix_src"
 

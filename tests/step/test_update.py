@@ -1,5 +1,6 @@
 """The update's handling of loss scaling and of steps that DeepSpeed skips (`exgrpo_pl.step.update`)."""
 
+import csv
 import json
 import multiprocessing
 from pathlib import Path
@@ -15,7 +16,8 @@ from test_module import make_data, tiny_trainer
 import exgrpo_pl.step.update as update_module
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.module import ExGRPOModule
-from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate, loss_options, mini_batch_rows
+from exgrpo_pl.step.mini_batches import mini_batch_rows
+from exgrpo_pl.step.update import NonFiniteGuard, PolicyUpdate, loss_options
 
 
 def test_scaled_gradients_are_measured_and_clipped_as_unscaled():
@@ -309,3 +311,46 @@ def test_skip_grad_norm_leaves_the_weights_as_they_were_and_a_high_limit_changes
             assert all(torch.equal(a, b) for a, b in zip(start, weights[limit]))
     assert all(torch.equal(a, b) for a, b in zip(weights[1e6], weights[None]))
     assert not all(torch.equal(a, b) for a, b in zip(weights[1e-12], weights[None]))
+
+
+def test_is_weight_is_the_mean_over_the_micro_batches_that_hold_replayed_rows(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    from exgrpo_pl.callbacks import ReplayCallback
+    from exgrpo_pl.experience import SelectiveReplay
+
+    reported = []  # per loss call of the step: (rows, is_weight or None)
+    real_loss = update_module.compute_grpo_loss
+
+    def loss(logps, *args, **kwargs):
+        value, stats = real_loss(logps, *args, **kwargs)
+        reported.append((logps.shape[0], stats.get("is_weight")))
+        return value, stats
+
+    class Calls(Callback):
+        def __init__(self):
+            self.steps = []  # per step, its loss calls
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.steps.append(list(reported))
+            reported.clear()
+
+    monkeypatch.setattr(update_module, "compute_grpo_loss", loss)
+    calls = Calls()
+    replay = ReplayCallback(
+        replay=SelectiveReplay(strategy="uniform", replay_probability=1.0), mode="mix", min_buffer_size=1
+    )
+    module = tiny_module(tiny_model_dir, micro_batch_size=4)  # one group of K = 4 per micro-batch
+    trainer = tiny_trainer(
+        tmp_path, max_steps=4, limit_val_batches=0, log_every_n_steps=1, callbacks=[replay, calls]
+    )
+    trainer.fit(module, datamodule=make_data())
+    rows = csv.DictReader(Path(trainer.logger.log_dir, "metrics.csv").read_text().splitlines())
+    logged = {int(row["step"]): float(row["train/is_weight"]) for row in rows if row["train/is_weight"]}
+    mixed = {step: each for step, each in enumerate(calls.steps) if any(w is not None for _, w in each)}
+    assert mixed and set(logged) == set(mixed)
+    for step, each in mixed.items():
+        assert any(w is None for _, w in each)  # fresh-only micro-batches beside the replayed ones
+        weighed = [(n, float(w)) for n, w in each if w is not None]
+        expected = sum(n * w for n, w in weighed) / sum(n for n, _ in weighed)
+        assert logged[step] == pytest.approx(expected, rel=1e-5)
