@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from exgrpo_pl.batch import RolloutBatch, text_id
+from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.experience.dedup import (
     batch_duplicates,
     release_same_text,
@@ -24,6 +24,7 @@ from exgrpo_pl.experience.dedup import (
     stored_hashes,
 )
 from exgrpo_pl.experience.difficulty import DifficultyBucketer, check_rate_range, tier_of
+from exgrpo_pl.experience.incoming import batch_from_trajectory_dict, counted_rows
 from exgrpo_pl.experience.sampling import (
     OFFICIAL_PICK,
     QUESTION_SAMPLING,
@@ -44,7 +45,6 @@ __all__ = ["KEEP_MODES", "OFFICIAL_PICK", "QUESTION_SAMPLING", "REPLAYED_TRAJECT
            "resolve_strategy"]  # fmt: skip
 
 KEEP_MODES = ("all", "correct", "correct_of_partial")
-_SEED_KEYS = ("prompt", "rollout", "reward", "is_correct", "entropy")
 
 
 class TrajectoryBuffer:
@@ -153,7 +153,7 @@ class TrajectoryBuffer:
         Raises:
             TypeError: a column value of a fresh row is not one a checkpoint holds (nothing is changed).
         """
-        batch = _batch_from_seed_dict(trajectory) if isinstance(trajectory, Mapping) else trajectory
+        batch = batch_from_trajectory_dict(trajectory) if isinstance(trajectory, Mapping) else trajectory
         if not isinstance(batch, RolloutBatch):
             raise TypeError(
                 f"add() takes a RolloutBatch or a trajectory dict, got {type(trajectory).__name__}"
@@ -161,7 +161,7 @@ class TrajectoryBuffer:
         if batch.question_ids.device.type != "cpu":
             batch = batch.to("cpu")
         replayed = as_numpy(batch.replayed)
-        counted = _counted_rows(batch, replayed)
+        counted = counted_rows(batch, replayed)
         if not counted.any():
             return 0
         columns = batch.question_columns(np.flatnonzero(~replayed).tolist())  # checked before any change
@@ -353,48 +353,3 @@ class TrajectoryBuffer:
         slots = self._storage.load_state_dict(state)
         if self.dedup:
             self._storage.cols["hash"][slots] = stored_hashes(self._storage, slots)
-
-
-def _counted_rows(batch: RolloutBatch, replayed: np.ndarray) -> np.ndarray:
-    """`[N]` bool: the rows that are evidence of difficulty, fresh rows and replayed rows that share their
-    group (`group_size` contiguous rows) with fresh rows of the same question."""
-    counted = ~replayed
-    k = batch.group_size
-    if k > 1 and replayed.any() and counted.any():
-        questions = as_numpy(batch.question_ids).reshape(-1, k)  # [G, K]
-        fresh = counted.reshape(-1, k)
-        with_fresh = ((questions[:, :, None] == questions[:, None, :]) & fresh[:, None, :]).any(2)  # [G, K]
-        counted = counted | (replayed & with_fresh.reshape(-1))
-    return counted
-
-
-def _batch_from_seed_dict(trajectory: Mapping) -> RolloutBatch:
-    missing = [key for key in _SEED_KEYS if key not in trajectory]
-    if missing:
-        raise ValueError(f"trajectory dict is missing keys {missing}; required keys are {list(_SEED_KEYS)}")
-    prompt = str(trajectory["prompt"])
-    question_id = trajectory.get("question_id", text_id(prompt))
-    prompt_ids = torch.as_tensor(trajectory.get("prompt_ids", []), dtype=torch.long).reshape(1, -1)
-    completion_ids = torch.as_tensor(trajectory.get("completion_ids", []), dtype=torch.long).reshape(1, -1)
-    logps = trajectory.get("behaviour_logps")
-    logps = (
-        torch.zeros(completion_ids.shape) if logps is None else torch.as_tensor(logps).float().reshape(1, -1)
-    )
-    return RolloutBatch(
-        question_ids=torch.tensor([int(question_id)]),
-        prompt_ids=prompt_ids,
-        prompt_mask=torch.ones(prompt_ids.shape, dtype=torch.bool),
-        completion_ids=completion_ids,
-        completion_mask=torch.ones(completion_ids.shape, dtype=torch.bool),
-        behaviour_logps=logps,
-        rewards=torch.tensor([float(trajectory["reward"])]),
-        correct=torch.tensor([bool(trajectory["is_correct"])]),
-        entropy=torch.tensor([float(trajectory["entropy"])]),
-        advantages=torch.zeros(1),
-        policy_version=torch.tensor([int(trajectory.get("policy_version", 0))]),
-        replayed=torch.zeros(1, dtype=torch.bool),
-        prompts=[prompt],
-        completions=[str(trajectory["rollout"])],
-        answers=[str(trajectory["answer"])] if "answer" in trajectory else [],
-        domains=[str(trajectory["domain"])] if "domain" in trajectory else None,
-    )

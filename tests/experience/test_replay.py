@@ -178,8 +178,9 @@ def test_core_modules_import_no_framework():
         "ragged": set(),
         "experience.buffer": {
             "batch", "experience.dedup", "experience.sampling", "experience.storage", "experience.difficulty",
-            "validation",
+            "experience.incoming", "validation",
         },
+        "experience.incoming": {"batch", "experience.storage"},
         "experience.storage": {"batch", "experience.difficulty", "ragged"},
         "experience.sampling": {"batch", "experience.storage", "experience.difficulty"},
         "experience.dedup": {"experience.storage", "ragged"},
