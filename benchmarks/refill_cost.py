@@ -12,8 +12,13 @@ were filled (a placed group may be dead too: "dead groups removed" is the net ga
 Prints each variant's means and their ratios to GRPO's, over all steps and over the steps that took more
 than one round, and writes benchmarks/results/refill_cost.json.
 
-    python benchmarks/refill_cost.py --steps 60                 # arithmetic, seed 0: about 5 min on 2 cores
-    python benchmarks/refill_cost.py --task small_pool --steps 40
+The runs of one seed generate the same tokens every time; their times do not. So the variants run in turn
+`--repeats` times (GRPO, displace, ..., GRPO, displace, ...), each time ratio is taken against GRPO's run of
+the same repeat, and the ratios' mean and range over the repeats are reported: a load that comes and goes
+moves one repeat, not one variant.
+
+    python benchmarks/refill_cost.py --steps 30                 # arithmetic, seed 0: about 3 min on 2 cores
+    python benchmarks/refill_cost.py --task small_pool --steps 40 --repeats 3
 """
 
 from __future__ import annotations
@@ -88,23 +93,37 @@ def run(name: str, task: str, steps: int, seed: int, workdir: Path) -> list[tupl
     return meter.steps
 
 
-def summary(steps: list[tuple], grpo: list[tuple]) -> dict:
-    tokens, seconds = statistics.mean(s[0] for s in steps), statistics.mean(s[1] for s in steps)
+def time_ratios(repeats: list[list[tuple]], grpo: list[list[tuple]], column: int) -> dict:
+    """Mean step time (`column` 1: wall, 5: CPU) over GRPO's in the same repeat: their mean, low and high."""
+    ratios = [
+        statistics.mean(s[column] for s in mine) / statistics.mean(s[column] for s in theirs)
+        for mine, theirs in zip(repeats, grpo, strict=True)
+    ]
+    return {"mean": statistics.mean(ratios), "low": min(ratios), "high": max(ratios)}
+
+
+def summary(repeats: list[list[tuple]], grpo: list[list[tuple]]) -> dict:
+    steps = repeats[0]  # tokens, dead groups and rounds are the same in every repeat of one seed
+    tokens = statistics.mean(s[0] for s in steps)
     further = [s for s in steps if s[4] > 1]  # steps with a further generation round
     out = {
-        "tokens_per_step": tokens, "seconds_per_step": seconds,
-        "tokens_vs_grpo": tokens / statistics.mean(s[0] for s in grpo),
-        "seconds_vs_grpo": seconds / statistics.mean(s[1] for s in grpo),
-        "cpu_seconds_per_step": statistics.mean(s[5] for s in steps),
-        "cpu_seconds_vs_grpo": statistics.mean(s[5] for s in steps) / statistics.mean(s[5] for s in grpo),
+        "tokens_per_step": tokens, "tokens_vs_grpo": tokens / statistics.mean(s[0] for s in grpo[0]),
+        "seconds_per_step": statistics.median(statistics.mean(s[1] for s in run) for run in repeats),
+        "seconds_vs_grpo": time_ratios(repeats, grpo, 1),
+        "cpu_seconds_vs_grpo": time_ratios(repeats, grpo, 5),
         "refilling_steps": len(further), "dead_groups_per_step": statistics.mean(s[2] for s in steps),
         "dead_groups_removed_per_step": statistics.mean(s[2] - s[3] for s in steps),
         "rounds_per_step": statistics.mean(s[4] for s in steps),
     }  # fmt: skip
     if further:
         out["tokens_per_refilling_step"] = statistics.mean(s[0] for s in further)
-        out["seconds_per_refilling_step"] = statistics.mean(s[1] for s in further)
     return out
+
+
+def shown(value: float | dict) -> str:
+    if isinstance(value, dict):
+        return f"{value['mean']:.3g} ({value['low']:.3g}-{value['high']:.3g})"
+    return f"{value:.3g}"
 
 
 def main() -> None:
@@ -114,15 +133,20 @@ def main() -> None:
     parser.add_argument("--task", choices=TASKS, default="arithmetic")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=5, help="runs of every variant, in turn")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    measured: dict[str, list[list[tuple]]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
-        measured = {name: run(name, args.task, args.steps, args.seed, Path(tmp) / name) for name in VARIANTS}
-    result = {name: summary(steps, measured["GRPO"]) for name, steps in measured.items()}
-    result["setup"] = {"task": args.task, "steps": args.steps, "seed": args.seed}
+        for repeat in range(args.repeats):
+            for name in VARIANTS:
+                workdir = Path(tmp) / f"{name}-{repeat}"
+                measured[name].append(run(name, args.task, args.steps, args.seed, workdir))
+    result = {name: summary(repeats, measured["GRPO"]) for name, repeats in measured.items()}
+    result["setup"] = {"task": args.task, "steps": args.steps, "seed": args.seed, "repeats": args.repeats}
     for name, row in result.items():
         if name != "setup":
-            print(f"{name:16s} " + ", ".join(f"{key} {value:.3g}" for key, value in row.items()))
+            print(f"{name:16s} " + ", ".join(f"{key} {shown(value)}" for key, value in row.items()))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "refill_cost.json").write_text(json.dumps(result, indent=1))
 

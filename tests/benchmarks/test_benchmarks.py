@@ -256,9 +256,14 @@ def test_quickstart_speed_benchmark(bench):
 
 
 def test_refill_cost_benchmark(bench):
-    result = json.loads((bench("refill_cost", "--steps", "3") / "refill_cost.json").read_text())
+    out = bench("refill_cost", "--steps", "3", "--repeats", "2")
+    result = json.loads((out / "refill_cost.json").read_text())
     assert set(result) == {"GRPO", "displace", "refill", "fresh refill", "dynamic sampling", "setup"}
     assert result["GRPO"]["tokens_vs_grpo"] == 1.0 and result["refill"]["tokens_per_step"] > 0
+    # Each repeat's GRPO run is its own yardstick: GRPO over itself is 1 in every repeat.
+    assert result["GRPO"]["seconds_vs_grpo"] == {"mean": 1.0, "low": 1.0, "high": 1.0}
+    ratio = result["refill"]["seconds_vs_grpo"]
+    assert 0 < ratio["low"] <= ratio["mean"] <= ratio["high"] and result["setup"]["repeats"] == 2
     assert result["GRPO"]["rounds_per_step"] == 1.0 and result["dynamic sampling"]["rounds_per_step"] >= 1
 
 
