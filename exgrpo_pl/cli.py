@@ -40,6 +40,7 @@ from exgrpo_pl.data import PromptDataModule
 from exgrpo_pl.evaluation.report import report_files, to_markdown
 from exgrpo_pl.lightning_internals import spawns_processes
 from exgrpo_pl.module.grpo import ExGRPOModule
+from exgrpo_pl.module.validation_curve import CURVE_TAG
 from exgrpo_pl.moved import ModuleMovedError, MovedModuleWarning, moved_message, old_paths_in, removed
 from exgrpo_pl.renamed import with_renamed_configs
 from exgrpo_pl.run_names import free_version, run_name, safe_name
@@ -235,16 +236,19 @@ PINNED_REPLAY = "train/replayed_share"
 
 def dashboard_link(run: str, callbacks: list[Any], port: int = 6006) -> str:
     """A link to `tensorboard --logdir ROOT`'s page (at its default port) that opens with the validation
-    curve, the reward and, where the run has them, the replayed rows' share of the update and the latest
-    heatmap of `run` (its folder under ROOT) pinned above every group: TensorBoard reads the pins from the
-    link's `pinnedCards`, while its plain page opens only the first two groups of charts by name, 12 charts
-    each; and with no smoothing (the link's `smoothing=0`), so that each chart's line is its logged values."""
-    cards: list[dict[str, Any]] = [{"plugin": "scalars", "tag": tag} for tag in PINNED_SCALARS]
+    curve (the chart that compares runs, and `run`'s picture of it, with its values written), the reward
+    and, where the run has them, the replayed rows' share of the update and the latest heatmap of `run`
+    (its folder under ROOT) pinned above every group: TensorBoard reads the pins from the link's
+    `pinnedCards`, while its plain page opens only the first two groups of charts by name, 12 charts each;
+    and with no smoothing (the link's `smoothing=0`), so that each chart's line is its logged values."""
+    # An image card belongs to one run; TensorBoard names a run of its only experiment so.
+    run_id = f"defaultExperimentId/{Path(run).as_posix()}"
+    curve = {"plugin": "images", "tag": CURVE_TAG, "runId": run_id, "sample": 0}
+    cards: list[dict[str, Any]] = [{"plugin": "scalars", "tag": PINNED_SCALARS[0]}, curve]
+    cards += [{"plugin": "scalars", "tag": tag} for tag in PINNED_SCALARS[1:]]
     if any(isinstance(callback, ReplayCallback) for callback in callbacks):
         cards.append({"plugin": "scalars", "tag": PINNED_REPLAY})
     if any(isinstance(callback, DifficultyMonitor) for callback in callbacks):
-        # An image card belongs to one run; TensorBoard names a run of its only experiment so.
-        run_id = f"defaultExperimentId/{Path(run).as_posix()}"
         cards.append({"plugin": "images", "tag": HEATMAP_TAG, "runId": run_id, "sample": 0})
     pins = quote(json.dumps(cards, separators=(",", ":")), safe="")
     # Smoothing 0: TensorBoard's default 0.6 draws a 7-point validation curve far from its own values.

@@ -14,6 +14,8 @@ display):
 - monitor_histograms.png: the last monitor/correctness_rate, monitor/entropy and monitor/staleness
   histograms that `DifficultyMonitor` logged;
 - heatmap.png: the last monitor/difficulty_entropy_heatmap image, as TensorBoard shows it;
+- validation_curve.png: the last val/pass@1_curve image (the module's picture of the whole validation
+  curve), as TensorBoard shows it;
 - run.json: what the pictures were drawn from (the run's scalar and image tags, its validation curve and
   last step), which tests/scripts/test_dashboard_pngs.py holds to getting-started.md's quickstart sentence.
 
@@ -41,6 +43,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from exgrpo_pl.callbacks.monitor import HEATMAP_TAG  # noqa: E402
 from exgrpo_pl.module.hparams_tab import FOLDER_SUMMARY  # noqa: E402
+from exgrpo_pl.module.validation_curve import CURVE_TAG  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # (tags drawn together, the y axis's label); the first tag of a panel is its title.
@@ -174,11 +177,11 @@ def plot_histograms(events: EventAccumulator, path: Path, title: str, dpi: int) 
     return missing
 
 
-def save_heatmap(events: EventAccumulator, path: Path) -> list[str]:
-    """The last heatmap image, byte for byte as TensorBoard shows it (the monitor draws its axes)."""
-    if HEATMAP_TAG not in set(events.Tags()["images"]):
-        return [HEATMAP_TAG]
-    path.write_bytes(events.Images(HEATMAP_TAG)[-1].encoded_image_string)
+def save_image(events: EventAccumulator, tag: str, path: Path) -> list[str]:
+    """The last image of `tag`, byte for byte as TensorBoard shows it (its writer drew the axes)."""
+    if tag not in set(events.Tags()["images"]):
+        return [tag]
+    path.write_bytes(events.Images(tag)[-1].encoded_image_string)
     return []
 
 
@@ -232,7 +235,8 @@ def draw(run: Path, out: Path, dpi: int) -> int:
     for name, render, tags in (
         ("scalars.png", lambda path: plot_scalars(events, path, title, dpi), SCALARS),
         ("monitor_histograms.png", lambda path: plot_histograms(events, path, title, dpi), HISTOGRAMS),
-        ("heatmap.png", lambda path: save_heatmap(events, path), (HEATMAP_TAG,)),
+        ("heatmap.png", lambda path: save_image(events, HEATMAP_TAG, path), (HEATMAP_TAG,)),
+        ("validation_curve.png", lambda path: save_image(events, CURVE_TAG, path), (CURVE_TAG,)),
     ):
         lacking = render(out / name)
         missing += lacking

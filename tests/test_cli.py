@@ -79,9 +79,12 @@ def test_fit_ends_with_a_tensorboard_link_pinning_charts_the_run_logged(tiny_arg
         pinned[card["plugin"]].append(card["tag"])
     assert pinned["scalars"] == ["val/pass@1", "train/reward", "train/replayed_share"]
     assert set(pinned["scalars"]) <= set(events.Tags()["scalars"])
-    # The heatmap's card names this run as TensorBoard does when given the folder above it.
-    (image,) = [card for card in cards if card["plugin"] == "images"]
-    assert image["tag"] in events.Tags()["images"] and image["runId"] == f"defaultExperimentId/{run.name}"
+    # The image cards (the validation curve's picture, the heatmap) name this run as TensorBoard does when
+    # given the folder above it.
+    images = [card for card in cards if card["plugin"] == "images"]
+    assert [card["tag"] for card in images] == ["val/pass@1_curve", "monitor/difficulty_entropy_heatmap"]
+    for image in images:
+        assert image["tag"] in events.Tags()["images"] and image["runId"] == f"defaultExperimentId/{run.name}"
 
 
 def test_the_docs_show_the_link_the_quickstart_prints():

@@ -32,7 +32,7 @@ def logs(tmp_path_factory):
 
 
 def events(run: Path) -> EventAccumulator:
-    accumulator = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0, "images": 0})
     accumulator.Reload()
     return accumulator
 
@@ -75,3 +75,11 @@ def test_replay_charts_show_its_effect_on_the_steps_that_replayed(logs):
     scalars = set(exgrpo.Tags()["scalars"])
     assert "replay/stored_by_tier_0" in scalars and not any(t.startswith("replay/tier_") for t in scalars)
     assert set(steps(exgrpo, "replay/active").values()) == {1.0}  # the buffer holds min_buffer_size (1)
+
+
+@pytest.mark.slow
+def test_each_run_pictures_its_whole_validation_curve_at_every_validation(logs):
+    for run in ("exgrpo-s0", "grpo_baseline-s0"):
+        accumulator = events(logs / run)
+        validations = sorted(steps(accumulator, "val/pass@1"))
+        assert [image.step for image in accumulator.Images("val/pass@1_curve")] == validations, run

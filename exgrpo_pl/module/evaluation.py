@@ -24,6 +24,7 @@ from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
@@ -31,6 +32,8 @@ from torchmetrics import MeanMetric
 from exgrpo_pl.evaluation import ProblemSamples, summarize
 from exgrpo_pl.evaluation.report import build_table
 from exgrpo_pl.evaluation.samples import clipped_rows, problem_samples
+from exgrpo_pl.lightning_internals import batches_that_stepped
+from exgrpo_pl.module.validation_curve import log_curve
 from exgrpo_pl.rewards.by_source import extract_answer
 from exgrpo_pl.seeding import derive_seed
 from exgrpo_pl.step.groups import RolloutPlan, dataset_columns, plan_rollouts
@@ -50,6 +53,8 @@ class PassRateEvaluation:
 
     last_evaluation_table: dict | None = None
     best_val_pass_at_1 = 0.0  # the best validation pass@1 so far, the start's included (val/best_pass@1)
+    # (logging step, validation pass@1) of every validation so far, the start's included: val/pass@1_curve
+    val_curve: tuple[tuple[int, float], ...] = ()
 
     def _pass_rate(self, batch: dict, batch_idx: int) -> Tensor:
         """`[B * n]` 1.0 where a completion sampled at `val_temperature` is correct, n per prompt.
@@ -194,6 +199,8 @@ class PassRateEvaluation:
         metrics.update(self._set_metrics("val"))
         if self.logger is not None and metrics:
             self.logger.log_metrics(metrics, step=self.global_step)
+        if plain:
+            self._extend_val_curve(self.global_step, metrics["val/pass@1"])
         shown = [
             key for key in metrics if key == "val/pass@1" or (key.endswith("/score") and key.count("/") == 2)
         ]
@@ -219,8 +226,17 @@ class PassRateEvaluation:
         if self.trainer.sanity_checking or not self.val_pass_at_1.update_called:
             return
         # compute() syncs the ranks (every rank runs this hook) and caches the value Lightning then logs.
-        self.best_val_pass_at_1 = max(self.best_val_pass_at_1, float(self.val_pass_at_1.compute()))
+        value = float(self.val_pass_at_1.compute())
+        self.best_val_pass_at_1 = max(self.best_val_pass_at_1, value)
         self.log("val/best_pass@1", self.best_val_pass_at_1, on_step=False, on_epoch=True)
+        if self.trainer.state.fn == TrainerFn.FITTING:  # on the fit's curve; `exgrpo validate` is not
+            self._extend_val_curve(batches_that_stepped(self.trainer), value)
+
+    def _extend_val_curve(self, step: int, value: float) -> None:
+        """Adds a validation to `val_curve` (one the curve holds at `step` already, measured again by a
+        resumed run, is replaced) and logs the curve's picture."""
+        self.val_curve = (*(point for point in self.val_curve if point[0] != step), (step, value))
+        log_curve(self.trainer, list(self.val_curve), step)
 
     def on_test_epoch_end(self) -> None:
         self._log_sets("test")

@@ -22,8 +22,8 @@ from exgrpo_pl.lightning_internals import attached_trainer
 class ResumableModule:
     """`ExGRPOModule`'s checkpoint hooks and the resume's settling in `on_train_start`.
 
-    Reads the module's `hparams`, `trainer`, `num_tokens`, `generated_tokens`, `nonfinite` and
-    `best_val_pass_at_1`.
+    Reads the module's `hparams`, `trainer`, `num_tokens`, `generated_tokens`, `nonfinite`,
+    `best_val_pass_at_1` and `val_curve`.
     """
 
     def _resume_on_train_start(self) -> None:
@@ -49,6 +49,7 @@ class ResumableModule:
             "grad_norm_skips": self.nonfinite.too_large,
         }
         checkpoint["best_val_pass_at_1"] = self.best_val_pass_at_1  # a resumed run's best is the run's
+        checkpoint["val_curve"] = [list(point) for point in self.val_curve]  # and so is its curve
         # The sampling RNG of every rank (CPU and CUDA), so that a resumed run generates what the
         # uninterrupted run would have.
         checkpoint["sampling_rng"] = rng_states()
@@ -60,6 +61,7 @@ class ResumableModule:
         self.nonfinite.skipped = counts.get("nonfinite_steps", 0)
         self.nonfinite.too_large = counts.get("grad_norm_skips", 0)
         self.best_val_pass_at_1 = checkpoint.get("best_val_pass_at_1", 0.0)
+        self.val_curve = tuple((int(step), float(value)) for step, value in checkpoint.get("val_curve", []))
         trainer = attached_trainer(self)  # None in load_from_checkpoint
         if trainer is not None:
             warn_changed_options(checkpoint, self, trainer.datamodule, trainer.ckpt_path)

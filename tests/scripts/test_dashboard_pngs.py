@@ -66,6 +66,7 @@ def test_the_script_draws_every_picture_from_a_run_of_the_current_code(tmp_path,
         "scalars.png",
         "monitor_histograms.png",
         "heatmap.png",
+        "validation_curve.png",
         "run.json",
     }
     record = json.loads((tmp_path / "out" / "run.json").read_text())
@@ -74,7 +75,9 @@ def test_the_script_draws_every_picture_from_a_run_of_the_current_code(tmp_path,
     assert not undocumented(tags, (ROOT / "docs" / "dashboards.md").read_text())
 
 
-@pytest.mark.parametrize("name", ["scalars.png", "monitor_histograms.png", "heatmap.png"])
+@pytest.mark.parametrize(
+    "name", ["scalars.png", "monitor_histograms.png", "heatmap.png", "validation_curve.png"]
+)
 def test_the_pages_pictures_are_in_the_repository(name):
     assert f"](dashboards/{name})" in (ROOT / "docs" / "dashboards.md").read_text()
     assert (PICTURES / name).stat().st_size > 0
