@@ -28,7 +28,8 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.callbacks import ReplayCallback
-from exgrpo_pl.contract import Experience, StepChecker, check_experience_used, check_rollouts
+from exgrpo_pl.contract import Experience
+from exgrpo_pl.contract_checks import StepChecker, check_experience_used, check_rollouts
 from exgrpo_pl.data import ArithmeticTask, PromptDataModule
 from exgrpo_pl.experience import SelectiveReplay
 from exgrpo_pl.step.groups import assemble_groups, plan_rollouts

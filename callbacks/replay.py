@@ -23,7 +23,8 @@ from exgrpo_pl.callbacks.global_rng import global_rng_state, restore_global_rng_
 from exgrpo_pl.callbacks.replay_metrics import replay_metrics
 from exgrpo_pl.callbacks.rescoring import Rescoring
 from exgrpo_pl.checkpoints.resume import resumable_fit_progress, settle_resumed_step_count
-from exgrpo_pl.contract import Experience, ReplayableModule, StepChecker
+from exgrpo_pl.contract import Experience, ReplayableModule
+from exgrpo_pl.contract_checks import StepChecker
 from exgrpo_pl.experience.buffer import TrajectoryBuffer
 from exgrpo_pl.experience.replay import SelectiveReplay
 from exgrpo_pl.module.logging_steps import writes_step_metrics

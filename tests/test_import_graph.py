@@ -23,8 +23,8 @@ SOURCES = {ROOT / "exgrpo_pl": "exgrpo_pl", ROOT / "callbacks": "exgrpo_pl.callb
 # after it. The top-level exgrpo_pl/__init__.py is the facade over all of them, and exempt.
 LAYERS = [
     # the shared basics, at the top level
-    "batch", "ragged", "seeding", "validation", "contract", "models", "lightning_internals", "moved",
-    "renamed", "run_names",
+    "batch", "ragged", "seeding", "validation", "contract", "contract_checks", "models",
+    "lightning_internals", "moved", "renamed", "run_names",
     "rewards",  # verifiers
     "engines",  # what samples the completions
     "data",  # prompt data, the synthetic tasks

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.contract import Experience, check_answers
+from exgrpo_pl.contract import Experience
+from exgrpo_pl.contract_checks import check_answers
 
 # Batch keys the plan consumes itself; every other list-valued key is a dataset column for the rewards.
 RESERVED_KEYS = ("prompt", "question_id", "experience")

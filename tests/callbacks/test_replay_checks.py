@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_module
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_contract import rows
+from test_contract_checks import rows
 from test_replay_callback import fit, uniform_replay
 
 from exgrpo_pl.callbacks import ReplayCallback

@@ -9,9 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo_pl.batch import RolloutBatch
-from exgrpo_pl.contract import (
-    ContractError,
-    Experience,
+from exgrpo_pl.contract import ContractError, Experience
+from exgrpo_pl.contract_checks import (
     StepChecker,
     check_batch,
     check_experience_used,
