@@ -25,6 +25,7 @@ from exgrpo_pl.experience.dedup import (
 )
 from exgrpo_pl.experience.difficulty import DifficultyBucketer, check_rate_range, tier_of
 from exgrpo_pl.experience.incoming import batch_from_trajectory_dict, counted_rows
+from exgrpo_pl.experience.row_layout import as_numpy, batch_payload, payload_subset
 from exgrpo_pl.experience.sampling import (
     OFFICIAL_PICK,
     QUESTION_SAMPLING,
@@ -37,7 +38,7 @@ from exgrpo_pl.experience.sampling import (
     replayable,
     resolve_strategy,
 )
-from exgrpo_pl.experience.storage import SlotStorage, as_numpy, batch_payload, payload_subset
+from exgrpo_pl.experience.storage import SlotStorage
 from exgrpo_pl.validation import check_number
 
 __all__ = ["KEEP_MODES", "OFFICIAL_PICK", "QUESTION_SAMPLING", "REPLAYED_TRAJECTORIES", "STRATEGIES",

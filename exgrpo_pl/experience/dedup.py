@@ -14,7 +14,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from exgrpo_pl.experience.storage import Payload, SlotStorage
+from exgrpo_pl.experience.row_layout import Payload
+from exgrpo_pl.experience.storage import SlotStorage
 from exgrpo_pl.ragged import ragged_index, row_hashes
 
 _HASH_CHUNK = 4096  # slots hashed at a time on load, bounding the temporaries to a few hundred MiB

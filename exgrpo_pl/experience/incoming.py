@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from exgrpo_pl.batch import RolloutBatch, text_id
-from exgrpo_pl.experience.storage import as_numpy
+from exgrpo_pl.experience.row_layout import as_numpy
 
 _SEED_KEYS = ("prompt", "rollout", "reward", "is_correct", "entropy")
 

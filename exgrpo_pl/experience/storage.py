@@ -9,8 +9,9 @@ Each question's dataset columns (`RolloutBatch.columns`) are kept once per quest
 and dropped when its last stored trajectory leaves, so they cost memory per question in the buffer.
 
 `TrajectoryBuffer` (`exgrpo_pl.experience.buffer`) decides what to store and removes; this module keeps the
-rows, their eviction order, the row layout of the buffer's state dict, and turns slots back into a
-`RolloutBatch`. Plain PyTorch/NumPy, no Lightning.
+rows, their eviction order, the buffer's state dict, and turns slots back into a `RolloutBatch`. What a row
+holds, and how a batch's rows become token payloads, is `exgrpo_pl.experience.row_layout`. Plain
+PyTorch/NumPy, no Lightning.
 """
 
 from __future__ import annotations
@@ -20,46 +21,20 @@ from collections import deque
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.experience.difficulty import DifficultyBucketer
-from exgrpo_pl.ragged import GroupIndex, RaggedStore, ragged_index
-
-_COLUMNS = {
-    "occupied": np.bool_,
-    "question_id": np.int64,
-    "qidx": np.int64,  # the bucketer's dense index of the question; -1 for free slots and unknown questions
-    "reward": np.float32,
-    "correct": np.bool_,
-    "entropy": np.float32,
-    "policy_version": np.int64,
-    "seq": np.int64,  # insertion order, for oldest-first eviction
-    "domain": np.int64,  # index into the buffer's domain names; -1 for none
-    "hash": np.uint64,  # 64-bit hash of the completion ids, for de-duplication (0 without it)
-}
-# Token payloads, one RaggedStore per length: store -> (its mask in a RolloutBatch, its length key in a
-# state dict, its fields and their stored dtypes).
-_TOKENS = {
-    "prompt": ("prompt_mask", "prompt_len", {"prompt_ids": np.int32}),
-    "completion": (
-        "completion_mask",
-        "completion_len",
-        {"completion_ids": np.int32, "behaviour_logps": np.float32},
-    ),
-}
-_TEXTS = ("prompts", "completions", "answers")
-_BATCH_FIELDS = {
-    "question_id": "question_ids",
-    "reward": "rewards",
-    "correct": "correct",
-    "entropy": "entropy",
-    "policy_version": "policy_version",
-}
-_DERIVED = ("occupied", "qidx", "hash")  # rebuilt on load, not saved
-_WIDE = {"prompt_ids": np.int64, "completion_ids": np.int64}  # RolloutBatch's dtypes for the stored int32
-
-Payload = dict[str, tuple[np.ndarray, dict[str, np.ndarray]]]  # store -> (lengths [n], field -> flat values)
+from exgrpo_pl.experience.row_layout import (
+    BATCH_FIELDS,
+    COLUMNS,
+    DERIVED,
+    TEXTS,
+    TOKENS,
+    WIDE,
+    Payload,
+    as_numpy,
+)
+from exgrpo_pl.ragged import GroupIndex, RaggedStore
 
 
 class SlotStorage:
@@ -67,7 +42,7 @@ class SlotStorage:
 
     Attributes (read and written by `exgrpo_pl.experience.buffer` and its sampling and de-duplication
     modules):
-        cols: column name -> `[capacity]` array, see `_COLUMNS`; a slot holds a row where "occupied".
+        cols: column name -> `[capacity]` array, see `COLUMNS`; a slot holds a row where "occupied".
         tokens: "prompt" / "completion" -> the `RaggedStore` of that payload, addressed by slot.
         texts: "prompts" / "completions" / "answers" -> `[capacity]` object array.
         columns: question id -> its dataset columns (column name -> value), for the questions with a stored
@@ -80,9 +55,9 @@ class SlotStorage:
     def __init__(self, max_size: int, bucketer: DifficultyBucketer) -> None:
         self.max_size = max_size
         self.bucketer = bucketer
-        self.cols = {name: np.zeros(0, dtype=dtype) for name, dtype in _COLUMNS.items()}
-        self.tokens = {store: RaggedStore(fields) for store, (_, _, fields) in _TOKENS.items()}
-        self.texts = {name: np.zeros(0, dtype=object) for name in _TEXTS}
+        self.cols = {name: np.zeros(0, dtype=dtype) for name, dtype in COLUMNS.items()}
+        self.tokens = {store: RaggedStore(fields) for store, (_, _, fields) in TOKENS.items()}
+        self.texts = {name: np.zeros(0, dtype=object) for name in TEXTS}
         self.columns: dict[int, dict[str, object]] = {}
         self.size = 0
         self.high_water = 0
@@ -210,7 +185,7 @@ class SlotStorage:
         `RolloutBatch.question_columns`) replace those kept for the stored rows' questions."""
         slots = self.allocate(len(rows))
         cols = self.cols
-        for name, field in _BATCH_FIELDS.items():
+        for name, field in BATCH_FIELDS.items():
             cols[name][slots] = as_numpy(getattr(batch, field))[rows]
         cols["occupied"][slots] = True
         cols["qidx"][slots] = qidx
@@ -234,7 +209,7 @@ class SlotStorage:
             cols["domain"][slots] = [codes[name] for name in names]
         for store, (lengths, flat) in payload.items():
             self.tokens[store].write(slots, lengths, flat)
-        for name in _TEXTS:
+        for name in TEXTS:
             texts = getattr(batch, name)
             self.texts[name][slots] = [texts[r] for r in rows.tolist()] if texts else ""
         for question in np.unique(cols["question_id"][slots]).tolist() if columns else []:
@@ -262,8 +237,8 @@ class SlotStorage:
         """The trajectories at `slots` as a replay batch, advantages against their question's current rate,
         with their questions' dataset columns unless `columns` is False (`slot_columns`)."""
         cols = self.cols
-        prompt, prompt_mask = self.tokens["prompt"].padded(slots, left=True, dtypes=_WIDE)
-        completion, completion_mask = self.tokens["completion"].padded(slots, left=False, dtypes=_WIDE)
+        prompt, prompt_mask = self.tokens["prompt"].padded(slots, left=True, dtypes=WIDE)
+        completion, completion_mask = self.tokens["completion"].padded(slots, left=False, dtypes=WIDE)
         rewards = torch.from_numpy(cols["reward"][slots])
         rates = self.row_rates(slots)
         codes = cols["domain"][slots]
@@ -311,14 +286,14 @@ class SlotStorage:
         slots = occupied[np.argsort(self.cols["seq"][occupied], kind="stable")]
         state: dict[str, object] = {
             "slots": torch.from_numpy(slots.copy()),
-            **{name: torch.from_numpy(col[slots]) for name, col in self.cols.items() if name not in _DERIVED},
+            **{name: torch.from_numpy(col[slots]) for name, col in self.cols.items() if name not in DERIVED},
         }
-        for store, (_, length_key, _) in _TOKENS.items():
+        for store, (_, length_key, _) in TOKENS.items():
             state[length_key] = torch.from_numpy(self.tokens[store].length[slots])
             state.update(
                 {name: torch.from_numpy(rows) for name, rows in self.tokens[store].rows(slots).items()}
             )
-        for name in _TEXTS:
+        for name in TEXTS:
             state[name] = self.texts[name][slots].tolist()
         # Per question, in the order of each question's oldest row: the same order however the run got here.
         questions = self.cols["question_id"][slots]
@@ -341,17 +316,17 @@ class SlotStorage:
             slots = np.arange(n - keep.start, dtype=np.int64)
             self.high_water = len(slots)
         self.reserve(self.high_water)
-        for name in _COLUMNS:
-            if name not in _DERIVED:
+        for name in COLUMNS:
+            if name not in DERIVED:
                 self.cols[name][slots] = state[name][keep].numpy()
         self.cols["occupied"][slots] = True
         self.cols["qidx"][slots] = self.bucketer.dense_index(self.cols["question_id"][slots])
-        for store, (_, length_key, fields) in _TOKENS.items():
+        for store, (_, length_key, fields) in TOKENS.items():
             lengths = state[length_key].numpy()
             first = int(lengths[: keep.start].sum())  # elements of the rows that did not fit
             flat = {name: state[name].numpy()[first:] for name in fields}
             self.tokens[store].write(slots, lengths[keep], flat)
-        for name in _TEXTS:
+        for name in TEXTS:
             self.texts[name][slots] = state[name][keep]
         self.size = len(slots)
         free = np.ones(self.high_water, dtype=bool)
@@ -364,35 +339,3 @@ class SlotStorage:
         self.columns = {q: c for q, c in zip(questions, state.get("columns", [])) if q in kept}
         self.rebuild_orders()
         return slots
-
-
-def batch_payload(batch: RolloutBatch, rows: np.ndarray) -> Payload:
-    """The token payloads of `rows`, trimmed and back to back, in their stored dtypes."""
-    out = {}
-    for store, (mask_name, _, fields) in _TOKENS.items():
-        mask = as_numpy(getattr(batch, mask_name))[rows]  # [n, width]
-        out[store] = (
-            mask.sum(1),
-            {
-                name: as_numpy(getattr(batch, name))[rows][mask].astype(dtype)
-                for name, dtype in fields.items()
-            },
-        )
-    return out
-
-
-def payload_subset(payload: Payload, keep: np.ndarray) -> Payload:
-    """The rows of `payload` where `keep` (`[n]` bool) holds."""
-    if keep.all():
-        return payload
-    out = {}
-    for store, (lengths, flat) in payload.items():
-        index = ragged_index(np.cumsum(lengths)[keep] - lengths[keep], lengths[keep])
-        out[store] = (lengths[keep], {name: values[index] for name, values in flat.items()})
-    return out
-
-
-def as_numpy(t: Tensor) -> np.ndarray:
-    """A tensor's values as a NumPy array on the CPU, floats as float32."""
-    t = t.detach().cpu()
-    return (t.float() if t.is_floating_point() else t).numpy()
