@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from exgrpo_pl.experience.bucket_draw import choose_in_groups, gaussian_bucket_draw
+from exgrpo_pl.experience.rate_order import RateOrder
 from exgrpo_pl.experience.rate_tiers import centred_range, check_rate_range, tier_of
 from exgrpo_pl.validation import check_choice, check_numbers
 
@@ -145,8 +146,7 @@ class DifficultyBucketer:
         self._domain_codes: dict[str, int] = {}
         self._retired: set[int] = set()
         self._warned_non_binary = False
-        self._by_rate: np.ndarray | None = None  # see dense_by_rate; None: rebuild from scratch
-        self._rate_changed: list[int] = []  # dense indices whose rate changed since _by_rate was brought up
+        self._by_rate = RateOrder()
 
     def __len__(self) -> int:
         return len(self._index)
@@ -223,7 +223,7 @@ class DifficultyBucketer:
             cols["rate"][i] = sum(window) / len(window)
             cols["latest_correct"][i] = sum(outcomes)
             cols["latest_total"][i] = len(outcomes)
-            self._rate_changed.append(i)
+            self._by_rate.changed(i)
             if cols["retired"][i] and not all(outcomes):  # no longer solved
                 cols["retired"][i] = False
                 self._retired.discard(q)
@@ -234,8 +234,7 @@ class DifficultyBucketer:
                     cols["retired"][i] = True
                     self._retired.add(q)
                     retired_now.append(q)
-        if len(self._rate_changed) > len(self._index):  # cheaper to re-sort than to catch up
-            self._by_rate, self._rate_changed = None, []
+        self._by_rate.catch_up_or_resort(len(self._index))
         return torch.tensor(retired_now, dtype=torch.long)
 
     def dense_index(self, question_ids: np.ndarray | Tensor) -> np.ndarray:
@@ -260,28 +259,10 @@ class DifficultyBucketer:
     def dense_by_rate(self) -> np.ndarray:
         """Dense indices of the questions that have a rate, ordered by (rate, dense index). Read-only.
 
-        Equal rates are the paper's buckets, so this is the questions grouped by bucket. It is kept up to
-        date incrementally: a call re-places only the questions whose rate changed since the last one (one
-        pass over the questions instead of a sort).
+        Equal rates are the paper's buckets, so this is the questions grouped by bucket, kept up to date
+        as rates change (`exgrpo_pl.experience.rate_order.RateOrder`) rather than sorted at each call.
         """
-        rate = self._col("rate")
-        if self._by_rate is None:
-            finite = np.flatnonzero(np.isfinite(rate))
-            self._by_rate = finite[np.argsort(rate[finite], kind="stable")]
-        elif self._rate_changed:
-            changed = np.unique(self._rate_changed)
-            moved = np.zeros(len(rate), dtype=np.bool_)
-            moved[changed] = True
-            kept = self._by_rate[~moved[self._by_rate]]
-            changed = changed[np.isfinite(rate[changed])]
-            changed = changed[np.argsort(rate[changed], kind="stable")]
-            # A complex number compares by real part, then imaginary part: (rate, dense index) order.
-            at = np.searchsorted(rate[kept] + 1j * kept, rate[changed] + 1j * changed)
-            self._by_rate = np.insert(kept, at, changed)
-        self._rate_changed = []
-        view = self._by_rate.view()
-        view.flags.writeable = False
-        return view
+        return self._by_rate.ordered(self._col("rate"))
 
     @property
     def layout_version(self) -> int:

@@ -172,7 +172,10 @@ def test_core_modules_import_no_framework():
     }  # fmt: skip
     package = Path(exgrpo_pl.__file__).parent
     own = {
-        "experience.difficulty": {"experience.bucket_draw", "experience.rate_tiers", "validation"},
+        "experience.difficulty": {
+            "experience.bucket_draw", "experience.rate_order", "experience.rate_tiers", "validation",
+        },
+        "experience.rate_order": set(),
         "experience.rate_tiers": set(),
         "experience.bucket_draw": {"ragged"},
         "ragged": set(),
