@@ -25,7 +25,11 @@ micro-batches of 4 are 32 `engine.backward` calls, then one `engine.step()`), wh
 ZeRO 1-2 each one then overwrites the last (DeepSpeed 0.19.8, measured on the CPU: the step applies the last
 micro-batch's gradient only) unless the config says `managed_gradient_accumulation: false` (the caller owns
 the boundary: `step()`), which `check_strategy` sets (at stage 1 with `overlap_comm: false`, which DeepSpeed
-requires there). And DeepSpeed sums in the model's dtype unless
+requires there). Under ZeRO-3 a backward adds to the step's gradient only once the engine has counted a
+micro-step, which it does at the start of each engine forward, while the module runs all its micro-batches
+inside the one forward Lightning wraps around `training_step`: the update counts them itself
+(`PolicyUpdate._count_micro_step`; `scripts/gpu_multi.py --checks zero3`). And DeepSpeed sums in the model's
+dtype unless
 `data_types.grad_accum_dtype` says otherwise; in bf16 (8 significant bits) small contributions round away.
 Under ZeRO stages 1-3 (DeepSpeed accumulates bf16 gradients in fp32 only there) `check_strategy` sets
 `grad_accum_dtype: fp32`. Either key given in the config is kept.

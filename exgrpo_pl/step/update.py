@@ -154,6 +154,7 @@ class PolicyUpdate:
                     finite = self._finite_on_every_rank(loss)
                     if not finite:
                         break
+                    self._count_micro_step()
                     self.manual_backward(loss)
                     share = weight * len(rows) / len(update_rows)
                     accumulate(totals, shares, {"loss": loss.detach(), **stats}, weight, share)
@@ -313,6 +314,17 @@ class PolicyUpdate:
         """The DeepSpeed engine of the strategy, or None."""
         strategy = self.trainer.strategy
         return strategy.deepspeed_engine if isinstance(strategy, DeepSpeedStrategy) else None
+
+    def _count_micro_step(self) -> None:
+        """Makes the coming backward add to the step's gradient under ZeRO-3. There a backward's gradient
+        partition replaces the one before unless the engine counted a micro-step in between, which it does at
+        the start of each engine forward (DeepSpeed 0.19.8: `clear_backward_seen_flag` raises
+        `micro_step_id` once a backward has run; `step()` sets it back to 0); this step runs all its
+        micro-batches inside the one engine forward Lightning wraps around `training_step`, so it counts
+        them here, as separate forwards would."""
+        engine = self._deepspeed_engine()
+        if engine is not None and engine.zero_optimization_stage() == 3:
+            engine.optimizer.clear_backward_seen_flag()
 
     def _loss_scaled(self) -> bool:
         """Whether an fp16 loss scaler (torch's GradScaler under 16-mixed, DeepSpeed's) handles overflows."""

@@ -118,11 +118,6 @@ def test_zero2_on_two_ranks_applies_the_one_process_gradient(leg):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.xfail(
-    strict=True,
-    reason="under ZeRO-3 a step applies the last micro-batch's gradient only (DeepSpeed 0.19.8, CPU): the "
-    "module's forwards run inside one engine forward, and only an engine forward per backward accumulates",
-)
 def test_zero3_on_two_ranks_applies_the_one_process_gradient(leg):
     report, check, result = leg
     zero3 = report["checks"]["zero3"]
