@@ -18,6 +18,7 @@ intervals.
     python benchmarks/learning_yardstick.py --jobs 2 --resume      # all presets and tasks, 5 seeds
     python benchmarks/learning_yardstick.py --jobs 2 --resume --seeds 10 --results dynamic_sampling \\
         --variants GRPO "ExGRPO recommended" "recommended, fresh refill" "GRPO, dynamic sampling"
+    python benchmarks/learning_yardstick.py --jobs 2 --resume --rerun --variants "ExGRPO paper"  # again, now
 
 Writes benchmarks/results/learning_yardstick.json (or `--results NAME`.json): the runs, and their summary
 (finished runs are kept with --resume), and learning_yardstick.png (or NAME.png): the T = 1 curves against
@@ -234,6 +235,14 @@ def plot_curves(runs: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def without_runs(results: dict, tasks: list[str], variants: list[str]) -> dict:
+    """`results` (task -> variant -> runs) less the runs of `variants` on `tasks`."""
+    return {
+        task: {name: runs for name, runs in by_variant.items() if task not in tasks or name not in variants}
+        for task, by_variant in results.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -245,13 +254,22 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time, each with 2 / jobs threads")
     parser.add_argument("--resume", action="store_true", help="keep finished runs of the results file")
     parser.add_argument(
+        "--rerun", action="store_true",
+        help="with --resume: drop the file's runs of --variants on --tasks first, to run them again with the "
+        "code as it is now (the other runs are kept); continue a stopped rerun with --resume alone",
+    )  # fmt: skip
+    parser.add_argument(
         "--results", default="learning_yardstick",
         help="the results file's name in benchmarks/results/ (.json, and its .png): a set of runs made at "
         "one commit keeps a file of its own",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.rerun and not args.resume:
+        parser.error("--rerun needs --resume: without it the results file is rewritten with this run's rows")
     path = RESULTS / f"{args.results}.json"
     results: dict = json.loads(path.read_text())["runs"] if args.resume and path.exists() else {}
+    if args.rerun:
+        results = without_runs(results, args.tasks, args.variants)
     todo = [
         (task, name, seed)
         for task in args.tasks

@@ -1,5 +1,6 @@
 """The yardstick benchmark's summary: the T = 1 curve read at equal generated tokens, and at equal fresh
-questions for runs that recorded them, with a dash in the table for runs that did not."""
+questions for runs that recorded them, with a dash in the table for runs that did not; and what a rerun
+drops."""
 
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from learning_yardstick import (  # noqa: E402
     TOKENS_VS_GRPO,
     summarise,
     table,
+    without_runs,
 )
 
 
@@ -73,3 +75,15 @@ def test_the_table_gives_the_tokens_each_variant_generated_over_grpos_at_the_sam
     assert summary["GRPO"][TOKENS_VS_GRPO] is None
     lines = table({"reasoning": summary}).splitlines()
     assert next(line for line in lines if line.startswith("| ExGRPO recommended")).endswith("| 1.20 ± 0.00 |")
+
+
+def test_a_rerun_drops_the_runs_of_its_variants_on_its_tasks_and_keeps_every_other():
+    results = {
+        "reasoning": {"GRPO": [make_run(0, 0.5)], "ExGRPO paper": [make_run(0, 0.4)]},
+        "arithmetic": {"GRPO": [make_run(0, 0.5)], "ExGRPO paper": [make_run(0, 0.4)]},
+    }
+    kept = without_runs(results, ["reasoning"], ["ExGRPO paper"])
+    assert {task: sorted(by_variant) for task, by_variant in kept.items()} == {
+        "reasoning": ["GRPO"], "arithmetic": ["ExGRPO paper", "GRPO"],
+    }  # fmt: skip
+    assert "ExGRPO paper" in results["reasoning"]  # the file's rows are left as they were until rewritten
