@@ -233,9 +233,8 @@ class PassRateEvaluation:
             self._extend_val_curve(batches_that_stepped(self.trainer), value)
 
     def _extend_val_curve(self, step: int, value: float) -> None:
-        """Adds a validation to `val_curve` (one the curve holds at `step` already, measured again by a
-        resumed run, is replaced) and logs the curve's picture."""
-        self.val_curve = (*(point for point in self.val_curve if point[0] != step), (step, value))
+        """Adds a validation at logging step `step` to `val_curve` and logs the curve's picture."""
+        self.val_curve = (*self.val_curve, (step, value))
         log_curve(self.trainer, list(self.val_curve), step)
 
     def on_test_epoch_end(self) -> None:

@@ -45,7 +45,7 @@ class RecordPassRates(ExGRPOModule):
 
     def on_train_end(self):
         with open(f"{self.out_dir}/rank{self.global_rank}.json", "w") as file:
-            json.dump(self.seen, file)
+            json.dump({**self.seen, "val_curve": self.val_curve}, file)
 
 
 @pytest.mark.multiprocess
@@ -83,6 +83,10 @@ def test_the_start_validation_scores_each_rank_s_share_of_the_later_validations_
     first = next(line for line in metrics.read_text().splitlines()[1:] if line.split(",")[1] == "0")
     outcomes = [c for rank in ranks for _, c in rank["start"]]
     assert f"{sum(outcomes) / len(outcomes)}" in first  # the mean over both ranks' shares, logged at step 0
+    # Every rank keeps the same curve (each validation's value synced over the ranks): the start, and the
+    # validation after the first batch, which Lightning logs at step 0 too.
+    assert ranks[0]["val_curve"] == ranks[1]["val_curve"]
+    assert [step for step, _ in ranks[0]["val_curve"]] == [0, 0]
 
 
 def test_pass_at_1_counts_in_float32_under_bf16_true(tiny_model_dir, tmp_path):
