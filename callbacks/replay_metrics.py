@@ -21,12 +21,15 @@ from exgrpo_pl.lightning_internals import forget_step_metrics
 
 # Logged only on the steps they describe: a step without them must not repeat an earlier step's value.
 REPLAYED_ONLY = ("replay/staleness",)
+# Logged from a module's training_step on the steps with replayed rows (`ReplayMixin.replay_loss`).
+MODULE_REPLAYED_ONLY = ("train/is_weight",)
 
 
 def replay_metrics(callback, trainer: Trainer, rollouts) -> dict[str, float]:
     """The step's `replay/*` metrics over all ranks, and this rank's `timing/replay_*`; every rank must call
     it on the same steps (it all-reduces). On a step that replayed nothing, `REPLAYED_ONLY` metrics logged
-    on an earlier step are left out of what Lightning writes.
+    on an earlier step are left out of what Lightning writes, and so are the `MODULE_REPLAYED_ONLY` ones a
+    module logged from `training_step` when this rank's rows have no replayed one.
 
     Args:
         callback: the `ReplayCallback`.
@@ -71,4 +74,6 @@ def replay_metrics(callback, trainer: Trainer, rollouts) -> dict[str, float]:
     forget_step_metrics(
         trainer, "on_train_batch_end", [name for name in REPLAYED_ONLY if name not in metrics]
     )
+    if not bool(replayed.any()):
+        forget_step_metrics(trainer, "training_step", MODULE_REPLAYED_ONLY)
     return {**metrics, **callback.last_timings}

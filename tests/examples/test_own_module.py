@@ -1,6 +1,7 @@
 """examples/own_module.py: a user's GRPO module trains ExGRPO with ReplayCallback; each contract mistake
 stops the run with a message that names the fix."""
 
+import csv
 import importlib.util
 import re
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from exgrpo_pl.batch import RolloutBatch
@@ -80,13 +82,12 @@ def fit(tmp_path, module, callbacks, max_steps=3, data=None, ckpt_path=None, **t
     trainer = Trainer(
         max_steps=max_steps,
         accelerator="cpu",
-        logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
         default_root_dir=tmp_path,
         callbacks=callbacks,
-        **{"enable_checkpointing": False, **trainer_kwargs},
+        **{"enable_checkpointing": False, "logger": False, **trainer_kwargs},
     )
     data = data or PromptDataModule(synthetic=ArithmeticTask(num_questions=64, seed=1), batch_size=4)
     if isinstance(data, DataLoader):
@@ -94,6 +95,22 @@ def fit(tmp_path, module, callbacks, max_steps=3, data=None, ckpt_path=None, **t
     else:
         trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer
+
+
+def test_is_weight_is_written_on_the_steps_that_replayed_and_on_no_other(tmp_path, tiny_model_dir):
+    """Lightning writes a metric logged on an earlier step again, with its last value, at every logging step
+    of the epoch; `train/is_weight`, logged by `replay_loss`, must not repeat on a step without replay."""
+    callback = ReplayCallback(
+        mode="mix", min_buffer_size=1, replay=SelectiveReplay(strategy="uniform", replay_probability=0.5)
+    )
+    record = RecordRollouts()
+    logger = CSVLogger(tmp_path, name="", version="run")
+    fit(tmp_path, Spied(tiny_model_dir), [callback, record], max_steps=8, logger=logger, log_every_n_steps=1)
+    replayed = {step for step, rollouts in enumerate(record.rollouts) if bool(rollouts.replayed.any())}
+    assert replayed and len(replayed) < 7  # steps with and without replay after the first
+    with open(tmp_path / "run" / "metrics.csv") as file:
+        written = {int(row["step"]) for row in csv.DictReader(file) if row.get("train/is_weight")}
+    assert written == replayed
 
 
 def test_the_replay_lines_are_at_most_ten():
