@@ -27,7 +27,7 @@ from torch import Tensor
 
 from exgrpo_pl.batch import RolloutBatch
 from exgrpo_pl.contract import CONTRACT_DOC, ContractError
-from exgrpo_pl.lightning_internals import attached_trainer
+from exgrpo_pl.lightning_internals import attached_trainer, batches_that_stepped
 from exgrpo_pl.step.groups import record_behaviour, replayed_token_loss, sample_groups
 from exgrpo_pl.step.logprobs import DEFAULT_CHUNK_ELEMENTS
 from exgrpo_pl.step.losses import SCALE_REWARDS
@@ -313,9 +313,20 @@ class ReplayMixin:
             rows,
         )  # fmt: skip
         if stats and attached_trainer(self) is not None:
-            is_weight = stats["is_weight"]
+            is_weight = self._step_mean_is_weight(stats["is_weight"])
             self.log("train/is_weight", is_weight, on_step=True, on_epoch=False, batch_size=len(per_token))
         return per_token
+
+    def _step_mean_is_weight(self, value: Tensor) -> Tensor:
+        """The mean `is_weight` of this step's `replay_loss` calls with replayed rows so far, this one's
+        `value` included: Lightning writes the last value a step logged, so a step that calls `replay_loss`
+        once per micro-batch logs the mean over them, as `ExGRPOModule` does."""
+        step = batches_that_stepped(self.trainer)
+        total, calls, at = getattr(self, "_is_weight_calls", (0.0, 0, None))
+        if at != step:
+            total, calls = 0.0, 0
+        self._is_weight_calls = (total + value.detach(), calls + 1, step)
+        return self._is_weight_calls[0] / self._is_weight_calls[1]
 
 
 def _recording_reward_parts(

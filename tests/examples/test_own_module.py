@@ -113,6 +113,33 @@ def test_is_weight_is_written_on_the_steps_that_replayed_and_on_no_other(tmp_pat
     assert written == replayed
 
 
+class MicroBatched(Spied):
+    """Spied, its replay term computed in two micro-batches of rows (`replay_loss(..., rows=)`)."""
+
+    def replay_loss(self, per_token, logps, rollouts):
+        halves = (slice(0, len(rollouts) // 2), slice(len(rollouts) // 2, len(rollouts)))
+        self.call_weights = []
+        parts = []
+        for rows in halves:
+            parts.append(own_module.GRPO.replay_loss(self, per_token[rows], logps[rows], rollouts, rows=rows))
+            replayed = rollouts.replayed[rows]
+            if replayed.any():
+                weights = compute_importance_weights(
+                    logps[rows][replayed], rollouts.behaviour_logps[rows][replayed],
+                    rollouts.completion_mask[rows][replayed],
+                )  # fmt: skip
+                self.call_weights.append(weights[rollouts.completion_mask[rows][replayed]].mean())
+        return torch.cat(parts)
+
+
+def test_a_step_of_micro_batches_logs_the_mean_is_weight_of_those_that_replayed(tmp_path, tiny_model_dir):
+    module = MicroBatched(tiny_model_dir)
+    trainer = fit(tmp_path, module, [replay("swap")], max_steps=3)
+    assert len(module.call_weights) == 2  # a swap step trains on stored rows only: both halves replayed
+    expected = torch.stack(module.call_weights).mean()
+    assert torch.allclose(trainer.callback_metrics["train/is_weight"], expected)
+
+
 def test_the_replay_lines_are_at_most_ten():
     marked = [line for line in EXAMPLE.read_text().splitlines() if re.search(r"# replay(\s|$)", line)]
     assert 0 < len(marked) <= 10
