@@ -130,19 +130,20 @@ REPORTED = tuple(
 
 
 def paired(
-    runs: dict, task: str, a: str, b: str, column: str, seeds: int = SEEDS
+    runs: dict, task: str, a: str, b: str, column: str, seeds: int | None = SEEDS
 ) -> tuple[float, float] | None:
     """A's figure minus B's in points, paired by seed over seeds 0 .. `seeds`-1: mean and 95% half-width
-    (None: fewer than `seeds` of them that both ran with the figure)."""
+    (None: fewer than `seeds` of them that both ran with the figure). `seeds=None` pairs every seed both ran,
+    as a table of runs still going shows them (None: fewer than two)."""
     variants = runs.get(task, {})
     budgets = reading_budgets(variants) if variants else None
     by_seed = [{r["seed"]: figures(r, budgets) for r in variants.get(name, [])} for name in (a, b)]
     differences = [
         100 * (by_seed[0][seed][column] - by_seed[1][seed][column])
         for seed in sorted(by_seed[0].keys() & by_seed[1].keys())
-        if seed < seeds and column in by_seed[0][seed] and column in by_seed[1][seed]
+        if (seeds is None or seed < seeds) and column in by_seed[0][seed] and column in by_seed[1][seed]
     ]
-    return interval(differences) if len(differences) >= seeds else None
+    return interval(differences) if len(differences) >= (seeds or 2) else None
 
 
 def verdict(intervals: list[tuple[float, float]], relation: str) -> str:

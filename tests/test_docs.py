@@ -77,6 +77,20 @@ def test_the_learning_page_shows_the_hypotheses_verdicts_of_its_results_file():
     )
 
 
+def test_the_learning_page_shows_the_one_commit_comparisons_so_far():
+    """H9 and H10's runs: the comparisons of benchmarks/results/dynamic_sampling.json as headline.py prints
+    them, below the hypotheses they decide."""
+    from hypotheses import ONE_COMMIT
+
+    results = json.loads((ROOT / "benchmarks" / "results" / f"{ONE_COMMIT}.json").read_text())
+    page = (ROOT / "docs" / "learning.md").read_text()
+    written_before = page.index("## Replay or fuller groups? Dynamic sampling as the control")
+    assert page.find(headline.comparisons_table(results)) > written_before, (
+        "docs/learning.md should show, below H9 and H10, the comparisons as benchmarks/headline.py prints "
+        "them:\n" + headline.comparisons_table(results)
+    )
+
+
 def test_the_performance_page_quotes_the_quickstart_speed_file():
     result = json.loads((ROOT / "benchmarks" / "results" / "quickstart_speed.json").read_text())
     (baseline, base), (_, current) = result["median"].items()
