@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from hypotheses import ONE_COMMIT, paired
 from learning import BATCHES_AXIS, RESULTS, _pyplot, interval
-from learning_yardstick import EQUAL_TOKENS, TOKENS_VS_GRPO
+from learning_yardstick import EQUAL_TOKENS, TOKENS_VS_GRPO, reading_budgets
 
 # (variant name in the results file, what a reader calls it)
 PRESETS = (
@@ -249,13 +249,12 @@ def plot_one_commit(results: dict, path: Path) -> bool:
     plt = _pyplot()
     fig, axes = plt.subplots(2, len(tasks), figsize=(3.2 * len(tasks) + 1, 6.4), squeeze=False, sharey="col")
     for column, (task, task_name) in zip(axes.T, tasks):
-        budget = min(run["curve"][-1][1] for runs in results["runs"][task].values() for run in runs)
+        budget = reading_budgets(results["runs"][task]).tokens
         for variant, name in CONTROLS:
             runs = results["runs"][task][variant]
             points = min(len(run["curve"]) for run in runs)
-            curves = np.array(
-                [run["curve"][:points] for run in runs]
-            )  # [seeds, points, (step, tokens, pass@1)]
+            # [seeds, points, (step, generated tokens, pass@1)]
+            curves = np.array([run["curve"][:points] for run in runs])
             values = curves[:, :, 2]
             mean = values.mean(0)
             half = np.array([interval(list(values[:, i]))[1] for i in range(points)])
