@@ -115,6 +115,13 @@ def test_a_hypothesis_reads_only_its_own_seeds():
     assert paired(runs_of("t", A=[0.5] * 9, B=[0.4] * 9), "t", "A", "B", DECIDING[0], seeds=10) is None
 
 
+def test_runs_still_going_pair_every_seed_both_ran():
+    """`seeds=None`, for a table of runs still going: every shared seed, at least two."""
+    runs = runs_of("t", A=[0.52, 0.53, 0.60], B=[0.50, 0.51])  # A's seed 2 has no B to pair with
+    assert paired(runs, "t", "A", "B", DECIDING[0], seeds=None) == pytest.approx((2.0, 0.0))
+    assert paired(runs_of("t", A=[0.52], B=[0.50, 0.51]), "t", "A", "B", DECIDING[0], seeds=None) is None
+
+
 def test_a_hypothesis_that_asks_for_above_on_one_task_is_undecided_while_every_task_is_only_level():
     level = dict(A=[0.505, 0.495, 0.51, 0.49, 0.50], B=[0.50] * 5)  # +0.0 ± 1.0: at or above, not above
     ahead = dict(A=[0.53, 0.52, 0.54, 0.53, 0.52], B=[0.50] * 5)  # +2.8 ± 1.0: above
