@@ -294,7 +294,9 @@ def test_hypotheses_benchmark(bench, tmp_path, capsys):
 
 
 def test_headline_benchmark(bench, tmp_path, capsys):
-    shutil.copy(BENCHMARKS / "results" / "learning_yardstick.json", tmp_path / "learning_yardstick.json")
+    for name in ("learning_yardstick.json", "dynamic_sampling.json"):
+        shutil.copy(BENCHMARKS / "results" / name, tmp_path / name)
     bench("headline")
     printed = capsys.readouterr().out
     assert "recommended preset" in printed and "weak start" in printed and "±" in printed
+    assert "replayed vs fresh questions" in printed and (tmp_path / "headline.png").stat().st_size > 0
