@@ -100,14 +100,18 @@ def gains_table(results: dict) -> str:
 WORDS = ("none", "one", "two", "three", "four")
 
 
-def standing(results: dict, variant: str, figure: str) -> dict[str, int]:
-    """On how many of `TASKS` a variant's paired interval against GRPO on `figure` is above zero (its lower
-    bound above 0), below it (its upper bound below 0), or level (it holds 0)."""
+def tally(intervals) -> dict[str, int]:
+    """How many paired intervals (mean, half-width) are above zero (lower bound above 0), below it (upper
+    bound below 0), or level (holding 0)."""
     counts = {"above": 0, "level": 0, "below": 0}
-    for task, _ in TASKS:
-        mean, half = results["summary"][task][variant][figure]["vs_grpo"]
+    for mean, half in intervals:
         counts["above" if mean - half > 0 else "below" if mean + half < 0 else "level"] += 1
     return counts
+
+
+def standing(results: dict, variant: str, figure: str) -> dict[str, int]:
+    """`tally` of a variant's paired intervals against GRPO on `figure` over `TASKS`."""
+    return tally(results["summary"][task][variant][figure]["vs_grpo"] for task, _ in TASKS)
 
 
 def said(counts: dict[str, int], tasks: str = "") -> str:
@@ -209,12 +213,8 @@ def comparisons_table(results: dict) -> str:
 
 
 def standing_of(results: dict, a: str, b: str, figure: str) -> dict[str, int]:
-    """`standing` of A against B on `figure` over the `measured_tasks`, paired over every seed both ran."""
-    counts = {"above": 0, "level": 0, "below": 0}
-    for task, _ in measured_tasks(results):
-        mean, half = difference(results, task, a, b, figure)
-        counts["above" if mean - half > 0 else "below" if mean + half < 0 else "level"] += 1
-    return counts
+    """`tally` of A against B on `figure` over the `measured_tasks`, paired over every seed both ran."""
+    return tally(difference(results, task, a, b, figure) for task, _ in measured_tasks(results))
 
 
 def one_commit_verdict(results: dict) -> list[str]:
