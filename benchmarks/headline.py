@@ -1,19 +1,14 @@
-"""The headline results tables of the README and the learning page, read from the yardstick benchmark's file.
+"""The headline results of the README and the learning page, read from the one-commit runs' file.
 
-GRPO, the recommended preset and the paper's preset on the four tasks: final validation pass@1 at T = 1 with
-its 95% interval over seeds, at equal steps (the last validation) and at equal generated tokens (each curve
-read at the fewest tokens any run of the task generated), each preset's paired difference from GRPO, the
-seeds and the commits the rows ran at. Rows are looked up by variant name in
-benchmarks/results/learning_yardstick.json (written by `benchmarks/learning_yardstick.py`), so rerunning
-them changes the table, and the commits column says which code each row measured. The learning page's
-verdict shows the same figures as differences from GRPO, one row a task (`gains_table`), and both pages say
-in words what they show (`verdict`).
-
-The one-commit runs of the dynamic-sampling control (benchmarks/results/dynamic_sampling.json: GRPO, DAPO's
-dynamic sampling, refill with fresh questions and the recommended preset, refill with replayed questions) get
-the same table (`one_commit_table`), their paired comparisons (`comparisons_table`), the words
-(`one_commit_verdict`) and a picture against steps and against generated tokens (`plot_one_commit`), for the
-tasks whose four variants have runs so far.
+GRPO, DAPO's dynamic sampling, and refill (dead groups' places given to other questions) with fresh questions
+and with replayed ones (the recommended preset), all run at one commit by `benchmarks/learning_yardstick.py`
+into benchmarks/results/dynamic_sampling.json: per task, final validation pass@1 at T = 1 with its 95%
+interval over seeds, at equal steps (the last validation) and at equal generated tokens (each curve read at
+the fewest tokens any run of the task generated), each variant's paired difference from GRPO and its
+generated tokens over GRPO's (`table`); the paired comparisons that decide whether the gain is replay's
+(`comparisons_table`); the words both pages say them in (`verdict`, and `answer`: H9's verdict in one
+sentence); and a picture against steps and against generated tokens (`plot`). A task shows once its four
+variants share two seeds, so the tables grow while the runs are going.
 
     python benchmarks/headline.py    # prints the tables and the words, draws benchmarks/results/headline.png
 """
@@ -24,23 +19,13 @@ import json
 from pathlib import Path
 
 import numpy as np
-from hypotheses import ONE_COMMIT, paired
+from hypotheses import HYPOTHESES, ONE_COMMIT, above, decide, paired
 from learning import BATCHES_AXIS, RESULTS, _pyplot, interval
 from learning_yardstick import EQUAL_TOKENS, TOKENS_VS_GRPO, reading_budgets
 
-# (variant name in the results file, what a reader calls it)
-PRESETS = (
-    ("GRPO", "GRPO"),
-    ("ExGRPO recommended", "recommended preset"),
-    ("ExGRPO paper", "paper's preset"),
-)
 TASKS = (("reasoning", "reasoning"), ("arithmetic", "arithmetic"), ("small_pool", "small pool"),
          ("weak_start", "weak start"))  # fmt: skip
 AT_EQUAL_STEPS = "ours: val pass@1, T=1"
-HEADER = (
-    "| task | preset | seeds | final pass@1, equal steps (vs GRPO, points) | at equal generated tokens "
-    "(vs GRPO, points) | ran at commit |"
-)
 
 
 def commits(runs: list[dict]) -> str:
@@ -52,49 +37,6 @@ def commits(runs: list[dict]) -> str:
 def cell(figure: dict) -> str:
     (mean, half), versus = figure["mean"], figure["vs_grpo"]
     return f"{mean:.3f} ± {half:.3f}" + (f" ({versus[0]:+.1f} ± {versus[1]:.1f})" if versus else "")
-
-
-def table(results: dict) -> str:
-    """The Markdown table of `results` (learning_yardstick.json's contents).
-
-    Raises:
-        KeyError: a task or variant of `PRESETS` x `TASKS` is not in the results file (naming it).
-    """
-    lines = [HEADER, "|---" * 6 + "|"]
-    for task, task_name in TASKS:
-        for variant, name in PRESETS:
-            try:
-                row, runs = results["summary"][task][variant], results["runs"][task][variant]
-            except KeyError:
-                raise KeyError(f"learning_yardstick.json has no runs of {variant!r} on {task!r}") from None
-            lines.append(
-                f"| {task_name} | {name} | {row['seeds']} | {cell(row[AT_EQUAL_STEPS])} | "
-                f"{cell(row[EQUAL_TOKENS])} | {commits(runs)} |"
-            )
-    return "\n".join(lines)
-
-
-GAINS_HEADER = (
-    "| task | recommended vs GRPO, equal steps | at equal generated tokens | paper's preset vs GRPO, equal "
-    "steps | at equal generated tokens | seeds: GRPO, recommended, paper | commits, same order |"
-)
-
-
-def gains_table(results: dict) -> str:
-    """The learning page's verdict table: per task, each preset's paired difference from GRPO in points at
-    equal steps and at equal generated tokens, the seeds and the commits (`table`'s, one row a task)."""
-    lines = [GAINS_HEADER, "|---" * 7 + "|"]
-    for task, task_name in TASKS:
-        rows = [results["summary"][task][variant] for variant, _ in PRESETS]
-        gains = [
-            f"{row[figure]['vs_grpo'][0]:+.1f} ± {row[figure]['vs_grpo'][1]:.1f}"
-            for row in rows[1:]
-            for figure in (AT_EQUAL_STEPS, EQUAL_TOKENS)
-        ]
-        seeds = ", ".join(str(row["seeds"]) for row in rows)
-        ran_at = "; ".join(commits(results["runs"][task][variant]) for variant, _ in PRESETS)
-        lines.append(f"| {task_name} | " + " | ".join(gains) + f" | {seeds} | {ran_at} |")
-    return "\n".join(lines)
 
 
 WORDS = ("none", "one", "two", "three", "four")
@@ -109,28 +51,10 @@ def tally(intervals) -> dict[str, int]:
     return counts
 
 
-def standing(results: dict, variant: str, figure: str) -> dict[str, int]:
-    """`tally` of a variant's paired intervals against GRPO on `figure` over `TASKS`."""
-    return tally(results["summary"][task][variant][figure]["vs_grpo"] for task, _ in TASKS)
-
-
 def said(counts: dict[str, int], tasks: str = "") -> str:
-    """A `standing` in words: "above on three of the four tasks, level on one and below on none"."""
+    """A `tally` in words: "above on three of the four tasks, level on one and below on none"."""
     above, level, below = (WORDS[counts[key]] for key in ("above", "level", "below"))
     return f"above on {above}{tasks}, level on {level} and below on {below}"
-
-
-def verdict(results: dict) -> list[str]:
-    """The phrases in which the README and the learning page say what the table shows, from `standing`."""
-    ours, paper = (name for name, _ in PRESETS[1:])
-    ratios = [results["summary"][task][ours][TOKENS_VS_GRPO][0] for task, _ in TASKS]
-    return [
-        "At equal training steps it ends against plain GRPO "
-        + said(standing(results, ours, AT_EQUAL_STEPS), f" of the {WORDS[len(TASKS)]} tasks"),
-        f"read at equal generated tokens (it generates {min(ratios):.2f}-{max(ratios):.2f} times GRPO's), "
-        + said(standing(results, ours, EQUAL_TOKENS)),
-        f"ends below GRPO on {WORDS[standing(results, paper, AT_EQUAL_STEPS)['below']]} at equal steps",
-    ]
 
 
 # The one-commit runs: (variant name in the results file, what a reader calls it), GRPO first.
@@ -147,7 +71,7 @@ COMPARED = (
     ("GRPO, dynamic sampling", "GRPO", "dynamic sampling vs GRPO"),
     ("ExGRPO recommended", "GRPO, dynamic sampling", "recommended vs dynamic sampling"),
 )
-ONE_COMMIT_HEADER = (
+HEADER = (
     "| task | variant | seeds | final pass@1, equal steps (vs GRPO, points) | at equal generated tokens "
     "(vs GRPO, points) | generated tokens (x GRPO) | ran at commit |"
 )
@@ -165,10 +89,11 @@ def measured_tasks(results: dict) -> list[tuple[str, str]]:
     return measured
 
 
-def one_commit_table(results: dict) -> str:
-    """`table` for the one-commit runs (dynamic_sampling.json's contents), with each variant's generated
-    tokens over GRPO's at the same seeds."""
-    lines = [ONE_COMMIT_HEADER, "|---" * 7 + "|"]
+def table(results: dict) -> str:
+    """The Markdown table of `results` (dynamic_sampling.json's contents): per measured task and variant, its
+    seeds, final pass@1 at equal steps and at equal generated tokens with the difference from GRPO, its
+    generated tokens over GRPO's at the same seeds, and the commits its runs measured."""
+    lines = [HEADER, "|---" * 7 + "|"]
     for task, task_name in measured_tasks(results):
         for variant, name in CONTROLS:
             row, runs = results["summary"][task][variant], results["runs"][task][variant]
@@ -212,13 +137,13 @@ def comparisons_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def standing_of(results: dict, a: str, b: str, figure: str) -> dict[str, int]:
+def standing(results: dict, a: str, b: str, figure: str) -> dict[str, int]:
     """`tally` of A against B on `figure` over the `measured_tasks`, paired over every seed both ran."""
     return tally(difference(results, task, a, b, figure) for task, _ in measured_tasks(results))
 
 
-def one_commit_verdict(results: dict) -> list[str]:
-    """The phrases in which the pages say what the one-commit runs show: the recommended preset against GRPO,
+def verdict(results: dict) -> list[str]:
+    """The phrases in which the pages say what the table shows: the recommended preset against GRPO,
     against the same refill with fresh questions, and DAPO's dynamic sampling against both."""
     tasks = f" of the {WORDS[len(measured_tasks(results))]} tasks"
     grpo, dapo, fresh_refill, ours = (variant for variant, _ in CONTROLS)
@@ -228,13 +153,14 @@ def one_commit_verdict(results: dict) -> list[str]:
         return f"{min(spread):.2f}-{max(spread):.2f} times GRPO's"
 
     def against(a: str, b: str, figure: str, tasks: str = "") -> str:
-        return said(standing_of(results, a, b, figure), tasks)
+        return said(standing(results, a, b, figure), tasks)
 
     return [
-        "At equal training steps it ends against plain GRPO " + against(ours, grpo, AT_EQUAL_STEPS, tasks),
+        "At equal training steps the recommended preset ends against plain GRPO "
+        + against(ours, grpo, AT_EQUAL_STEPS, tasks),
         f"read at equal generated tokens (it generates {ratios(ours)}), {against(ours, grpo, EQUAL_TOKENS)}",
-        "against the same refill with fresh questions in those places, at equal generated tokens, replayed "
-        f"questions end {against(ours, fresh_refill, EQUAL_TOKENS)}",
+        "replayed questions end against fresh ones in the same places, at equal generated tokens, "
+        + against(ours, fresh_refill, EQUAL_TOKENS),
         f"DAPO's dynamic sampling ends against GRPO {against(dapo, grpo, AT_EQUAL_STEPS)} at equal steps, "
         f"and {against(dapo, grpo, EQUAL_TOKENS)} at equal generated tokens (it generates {ratios(dapo)})",
         "against it at equal generated tokens the recommended preset ends "
@@ -242,7 +168,29 @@ def one_commit_verdict(results: dict) -> list[str]:
     ]
 
 
-def plot_one_commit(results: dict, path: Path) -> bool:
+def answer(results: dict) -> str:
+    """H9's verdict on the one-commit runs as the pages' one-sentence answer to whether the gain is replay's:
+    refill with replayed questions against the same refill with fresh ones, at equal generated tokens."""
+    (h9,) = decide({ONE_COMMIT: results["runs"]}, tuple(h for h in HYPOTHESES if h.name == "H9"))
+    if h9["verdict"] == "holds":
+        means = [row["intervals"][EQUAL_TOKENS][0] for row in h9["comparisons"]]
+        clear = WORDS[sum(above(row) for row in h9["comparisons"])]
+        return (
+            "replay helps beyond filling dead groups: at equal generated tokens, replayed questions in their "
+            f"places end at or above fresh ones on every task and above on {clear}, by {min(means):+.1f} to "
+            f"{max(means):+.1f} points (per task, mean over seeds)"
+        )
+    return {
+        "fails": "the gain is filling dead groups, not replay: fresh questions in their places end above "
+        "replayed ones on some task at equal generated tokens, and replay adds nothing measurable",
+        "undecided": "whether replay adds anything to filling dead groups is undecided: at equal generated "
+        "tokens replayed questions in their places end below fresh ones on no task, but not clearly above",
+        "not measured": "whether replay adds anything to filling dead groups is decided once every task has "
+        "its runs of replayed and of fresh questions in their places",
+    }[h9["verdict"]]
+
+
+def plot(results: dict, path: Path) -> bool:
     """The README's picture: per measured task, val pass@1 at T = 1 against steps (top) and against generated
     tokens (bottom, the equal-token budget dashed), mean over seeds with the 95% interval as a band; False
     (nothing written) while no task has runs of every variant."""
@@ -281,16 +229,9 @@ def plot_one_commit(results: dict, path: Path) -> bool:
 
 
 def main() -> None:
-    results = json.loads((RESULTS / "learning_yardstick.json").read_text())
-    print(table(results), gains_table(results), *verdict(results), sep="\n\n")
-    one_commit = json.loads((RESULTS / f"{ONE_COMMIT}.json").read_text())
-    print(
-        one_commit_table(one_commit),
-        comparisons_table(one_commit),
-        *one_commit_verdict(one_commit),
-        sep="\n\n",
-    )
-    plot_one_commit(one_commit, RESULTS / "headline.png")
+    results = json.loads((RESULTS / f"{ONE_COMMIT}.json").read_text())
+    print(table(results), comparisons_table(results), *verdict(results), answer(results), sep="\n\n")
+    plot(results, RESULTS / "headline.png")
 
 
 if __name__ == "__main__":

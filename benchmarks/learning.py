@@ -559,7 +559,6 @@ def report(results: dict, suffix: str) -> None:
     for task in results:
         _plot_curves(results[task], summary[task], RESULTS / f"learning_{task}{suffix}.png", task)
         _plot_diagnostics(results[task], RESULTS / f"learning_{task}_replay{suffix}.png", task)
-    plot_headline(results, RESULTS / f"learning_headline{suffix}.png")
     print(f"wrote {RESULTS}/learning{suffix}.json and its plots")
 
 
@@ -683,40 +682,6 @@ def _plot_curves(runs_by_variant: dict, summary: dict, path: Path, task: str) ->
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-# The README's picture: the presets a reader compares, on the task passed over once and on the small pool.
-HEADLINE = {"tasks": ("reasoning", "small_pool"), "variants": ("GRPO", "ExGRPO paper", "ExGRPO recommended")}
-
-
-def plot_headline(results: dict, path: Path) -> bool:
-    """The README's figure: val pass@1 against steps for `HEADLINE`'s variants on its tasks, mean over seeds
-    with the 95% interval as a band; False (nothing written) while a task or variant has no runs."""
-    tasks, names = HEADLINE["tasks"], HEADLINE["variants"]
-    if not all(name in results.get(task, {}) for task in tasks for name in names):
-        return False
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(tasks), figsize=(11, 3.8))
-    for ax, task in zip(axes, tasks):
-        for name in names:
-            runs = results[task][name]
-            points = min(len(r["curve"]) for r in runs)
-            values = np.array([[p[2] for p in r["curve"][:points]] for r in runs])  # [seeds, points]
-            steps = [p[0] for p in runs[0]["curve"][:points]]
-            mean = values.mean(0)
-            half = np.array([interval(list(values[:, i]))[1] for i in range(points)])
-            (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=f"{name} ({len(runs)} seeds)")
-            ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.15)
-        title = {"reasoning": "reasoning task (one pass)", "small_pool": "small pool (about 10 passes)"}
-        ax.set_title(title.get(task, task), fontsize=10)
-        ax.set_xlabel(BATCHES_AXIS)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("val pass@1 (band: 95% interval)")
-    axes[-1].legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
 
 
 def _plot_diagnostics(runs_by_variant: dict, path: Path, task: str) -> None:

@@ -57,10 +57,18 @@ FROM_RESULTS: list[tuple[str, Callable[[], str]]] = [
 # right below a paragraph that names the command.
 TABLES: list[tuple[str, Callable[[], str]]] = [
     (
-        "python benchmarks/learning_yardstick.py --jobs 2 --resume",
-        lambda: headline.table(results("learning_yardstick.json")),
+        "python benchmarks/learning_yardstick.py --jobs 2 --resume --seeds 10 --results dynamic_sampling "
+        '--variants GRPO "ExGRPO recommended" "recommended, fresh refill" "GRPO, dynamic sampling"',
+        lambda: headline.table(results("dynamic_sampling.json")),
     ),
 ]
+
+
+def verdict() -> list[str]:
+    """The phrases in which the README says what the results table shows, and whether the gain is replay's."""
+    one_commit = results("dynamic_sampling.json")
+    return [*headline.verdict(one_commit), headline.answer(one_commit)]
+
 
 # (the command, a pattern of the sentence whose numbers it produces)
 BESIDE: list[tuple[str, str]] = [
@@ -168,7 +176,7 @@ def test_each_table_read_from_a_results_file_is_what_the_file_holds():
     for command, render in TABLES:
         table = render()
         assert table in text, f"README.md should show this table (from the results of `{command}`):\n{table}"
-        caption = text.split(table)[0].rstrip().split("\n\n")[-1]
+        caption = " ".join(text.split(table)[0].rstrip().split("\n\n")[-1].split())  # its lines joined
         assert f"`{command}`" in caption, f"the paragraph above the table should name `{command}`"
 
 
@@ -176,7 +184,7 @@ def test_the_verdict_says_what_the_results_table_shows():
     paragraph = next(
         block.text for block in prose_blocks(README.read_text()) if "Does replay help?" in block.text
     )
-    for phrase in headline.verdict(results("learning_yardstick.json")):
+    for phrase in verdict():
         assert phrase in paragraph, f"README.md's verdict should say {phrase!r}"
 
 
@@ -196,7 +204,7 @@ def test_the_readme_is_short_and_in_a_newcomers_order():
 
 
 def test_every_number_in_the_readme_has_a_source():
-    sourced = [render() for _, render in FROM_RESULTS] + headline.verdict(results("learning_yardstick.json"))
+    sourced = [render() for _, render in FROM_RESULTS] + verdict()
     sourced += [row for _, render in TABLES for row in render().splitlines()]
     unsourced = []
     for line, text, _ in prose_blocks(README.read_text()):

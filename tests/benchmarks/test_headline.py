@@ -1,4 +1,4 @@
-"""benchmarks/headline.py: the README's results table, read by variant name, with each row's commits."""
+"""benchmarks/headline.py: the README's and the learning page's results, read from the one-commit runs."""
 
 import statistics
 import sys
@@ -9,70 +9,10 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import headline  # noqa: E402
-from learning_yardstick import EQUAL_TOKENS, MEASURES, TOKENS_VS_GRPO, summarise  # noqa: E402
+from learning_yardstick import MEASURES, summarise  # noqa: E402
 
 
-def figure(mean, vs_grpo=None):
-    return {"mean": (mean, 0.01), "vs_grpo": vs_grpo}
-
-
-def results(vs_grpo=(2.0, 1.0)) -> dict:
-    """Every task with GRPO, the recommended preset (`vs_grpo` from GRPO) and the paper's (-5 +- 1)."""
-    summary, runs = {}, {}
-    for task, _ in headline.TASKS:
-        summary[task] = {
-            "GRPO": {"seeds": 2, headline.AT_EQUAL_STEPS: figure(0.5), EQUAL_TOKENS: figure(0.4)},
-            "ExGRPO recommended": {
-                "seeds": 2, headline.AT_EQUAL_STEPS: figure(0.52, vs_grpo),
-                EQUAL_TOKENS: figure(0.41, (0.5, 1.0)), TOKENS_VS_GRPO: (1.2, 0.0),
-            },
-            "ExGRPO paper": {
-                "seeds": 1, headline.AT_EQUAL_STEPS: figure(0.45, (-5.0, 1.0)),
-                EQUAL_TOKENS: figure(0.4, (0, 0)),
-            },
-        }  # fmt: skip
-        runs[task] = {
-            "GRPO": [{"seed": 1, "commit": "b" * 40}, {"seed": 0, "commit": "a" * 40}],
-            "ExGRPO recommended": [{"seed": 0, "commit": "c" * 40}, {"seed": 1, "commit": "c" * 40}],
-            "ExGRPO paper": [{"seed": 0, "commit": "d" * 40}],
-        }
-    return {"summary": summary, "runs": runs}
-
-
-def test_a_row_shows_its_figures_with_the_difference_from_grpo_and_its_commits_in_seed_order():
-    lines = headline.table(results()).splitlines()
-    assert lines[0] == headline.HEADER and len(lines) == 2 + 3 * len(headline.TASKS)
-    assert lines[2] == "| reasoning | GRPO | 2 | 0.500 ± 0.010 | 0.400 ± 0.010 | aaaaaaa, bbbbbbb |"
-    assert lines[3] == (
-        "| reasoning | recommended preset | 2 | 0.520 ± 0.010 (+2.0 ± 1.0) | 0.410 ± 0.010 (+0.5 ± 1.0) "
-        "| ccccccc |"
-    )
-
-
-def test_a_variant_missing_from_the_results_file_is_named():
-    missing = results()
-    del missing["runs"]["small_pool"]["ExGRPO paper"]
-    with pytest.raises(KeyError, match="no runs of 'ExGRPO paper' on 'small_pool'"):
-        headline.table(missing)
-
-
-@pytest.mark.parametrize(
-    "vs_grpo, steps",
-    [((2.0, 1.0), "above on four of the four tasks, level on none and below on none"),
-     ((0.5, 1.0), "above on none of the four tasks, level on four and below on none"),
-     ((-2.0, 1.0), "above on none of the four tasks, level on none and below on four")],
-)  # fmt: skip
-def test_the_verdict_counts_the_tasks_where_the_interval_clears_zero(vs_grpo, steps):
-    at_steps, at_tokens, paper = headline.verdict(results(vs_grpo))
-    assert at_steps == f"At equal training steps it ends against plain GRPO {steps}"
-    assert at_tokens == (
-        "read at equal generated tokens (it generates 1.20-1.20 times GRPO's), above on none, level on four "
-        "and below on none"
-    )
-    assert paper == "ends below GRPO on four at equal steps"
-
-
-def one_commit_run(seed: int, final: float, tokens: float, commit: str = "e" * 40) -> dict:
+def run(seed: int, final: float, tokens: float, commit: str = "e" * 40) -> dict:
     """A run of `learning_yardstick.py`: its T = 1 curve ends at `final` after `tokens` generated tokens."""
     curve = [(0, 0.0, 0.3), (10, tokens / 2, (0.3 + final) / 2), (20, tokens, final)]
     final_measures = {"id": {}, "ood": {}}
@@ -82,7 +22,7 @@ def one_commit_run(seed: int, final: float, tokens: float, commit: str = "e" * 4
 
 
 # Per variant: (final pass@1 at seeds 0, 1, 2, generated tokens of a run).
-ONE_COMMIT = {
+VARIANTS = {
     "GRPO": ((0.50, 0.52, 0.54), 1000.0),
     "GRPO, dynamic sampling": ((0.60, 0.63, 0.66), 3000.0),
     "recommended, fresh refill": ((0.51, 0.53, 0.55), 1200.0),
@@ -95,22 +35,22 @@ def at_grpo_tokens(final: float, tokens: float) -> float:
     return 0.3 + 1000.0 / tokens * (final - 0.3)
 
 
-def one_commit_results(tasks=("reasoning", "weak_start")) -> dict:
+def measured(tasks=("reasoning", "weak_start")) -> dict:
     runs = {
         task: {
-            variant: [one_commit_run(seed, final, tokens) for seed, final in enumerate(finals)]
-            for variant, (finals, tokens) in ONE_COMMIT.items()
+            variant: [run(seed, final, tokens) for seed, final in enumerate(finals)]
+            for variant, (finals, tokens) in VARIANTS.items()
         }
         for task in tasks
     }
     return {"summary": summarise(runs), "runs": runs}
 
 
-def test_the_one_commit_table_shows_the_tasks_whose_four_variants_share_two_seeds():
-    results = one_commit_results()
+def test_the_table_shows_the_tasks_whose_four_variants_share_two_seeds():
+    results = measured()
     del results["runs"]["weak_start"]["GRPO, dynamic sampling"][1:]  # one seed so far: no interval yet
-    lines = headline.one_commit_table(results).splitlines()
-    assert lines[0] == headline.ONE_COMMIT_HEADER and len(lines) == 2 + len(headline.CONTROLS)
+    lines = headline.table(results).splitlines()
+    assert lines[0] == headline.HEADER and len(lines) == 2 + len(headline.CONTROLS)
     assert lines[2] == "| reasoning | GRPO | 3 | 0.520 ± 0.050 | 0.520 ± 0.050 | 1 | eeeeeee |"
     at_budget = statistics.mean(at_grpo_tokens(final, 1200.0) for final in (0.56, 0.58, 0.60))
     assert lines[5].startswith(
@@ -120,7 +60,7 @@ def test_the_one_commit_table_shows_the_tasks_whose_four_variants_share_two_seed
 
 
 def test_the_comparisons_pair_every_seed_both_ran_at_steps_and_at_tokens():
-    results = one_commit_results(("reasoning",))
+    results = measured(("reasoning",))
     del results["runs"]["reasoning"]["ExGRPO recommended"][2]  # seed 2 still running: pairs seeds 0 and 1
     results["runs"]["reasoning"]["ExGRPO recommended"][1]["curve"][-1] = (20, 1200.0, 0.59)
     (row,) = headline.comparisons_table(results).splitlines()[2:]
@@ -137,21 +77,26 @@ def test_the_comparisons_pair_every_seed_both_ran_at_steps_and_at_tokens():
 
 
 def test_two_shared_seeds_are_the_fewest_a_comparison_reads():
-    results = one_commit_results(("reasoning",))
+    results = measured(("reasoning",))
     del results["runs"]["reasoning"]["ExGRPO recommended"][1:]
     with pytest.raises(ValueError, match="share fewer than two seeds on 'reasoning'"):
         headline.difference(results, "reasoning", "ExGRPO recommended", "GRPO", headline.AT_EQUAL_STEPS)
     assert headline.comparisons_table(results).count("\n") == 1  # the header alone, until a second seed
 
 
-def test_the_one_commit_verdict_counts_tasks_per_comparison():
-    at_steps, at_tokens, replayed, dapo, against_dapo = headline.one_commit_verdict(one_commit_results())
-    assert at_steps == "At equal training steps it ends against plain GRPO above on two of the two tasks, " \
-        "level on none and below on none"  # fmt: skip
+def test_the_verdict_counts_tasks_per_comparison():
+    at_steps, at_tokens, replayed, dapo, against_dapo = headline.verdict(measured())
+    assert at_steps == (
+        "At equal training steps the recommended preset ends against plain GRPO above on two of the two "
+        "tasks, level on none and below on none"
+    )
     assert at_tokens.startswith(
         "read at equal generated tokens (it generates 1.20-1.20 times GRPO's), above on two"
     )
-    assert replayed.endswith("replayed questions end above on two, level on none and below on none")
+    assert replayed == (
+        "replayed questions end against fresh ones in the same places, at equal generated tokens, above on "
+        "two, level on none and below on none"
+    )
     assert dapo == (
         "DAPO's dynamic sampling ends against GRPO above on two, level on none and below on none at equal "
         "steps, and above on none, level on none and below on two at equal generated tokens (it generates "
@@ -160,9 +105,47 @@ def test_the_one_commit_verdict_counts_tasks_per_comparison():
     assert against_dapo.endswith("recommended preset ends above on two, level on none and below on none")
 
 
-def test_the_one_commit_picture_waits_for_a_task_with_every_variant(tmp_path):
-    results = one_commit_results()
-    assert headline.plot_one_commit(results, tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 0
+def replayed_against_fresh(gains: dict[str, float], seeds: int = 10) -> dict:
+    """Refill with fresh and with replayed questions on every task, 1200 generated tokens each: per seed,
+    replayed questions end `gains[task]` points above fresh ones, 0.5 points more or less by turns."""
+    runs = {}
+    for task, _ in headline.TASKS:
+        fresh = [0.5 + 0.01 * seed for seed in range(seeds)]
+        gain = [(gains[task] + (0.5 if seed % 2 else -0.5)) / 100 for seed in range(seeds)]
+        runs[task] = {
+            "recommended, fresh refill": [run(seed, f, 1200.0) for seed, f in enumerate(fresh)],
+            "ExGRPO recommended": [run(seed, f + g, 1200.0) for seed, (f, g) in enumerate(zip(fresh, gain))],
+        }
+    return {"runs": runs}
+
+
+EVERY_TASK = {task: 2.0 for task, _ in headline.TASKS}
+HOLDS = (
+    "replay helps beyond filling dead groups: at equal generated tokens, replayed questions in their places "
+    "end at or above fresh ones on every task and above on four, by +1.0 to +2.0 points (per task, mean over "
+    "seeds)"
+)
+UNDECIDED = "whether replay adds anything to filling dead groups is undecided"
+FAILS = "the gain is filling dead groups, not replay"
+NOT_MEASURED = "whether replay adds anything to filling dead groups is decided once"
+
+
+@pytest.mark.parametrize(
+    "gains, seeds, answer",
+    [
+        (EVERY_TASK | {"small_pool": 1.0}, 10, HOLDS),
+        (dict.fromkeys(EVERY_TASK, 0.0), 10, UNDECIDED),
+        (EVERY_TASK | {"arithmetic": -2.0}, 10, FAILS),
+        (EVERY_TASK, 9, NOT_MEASURED),  # H9 reads 10 seeds
+    ],
+)
+def test_the_answer_is_h9s_verdict_in_words(gains, seeds, answer):
+    assert headline.answer(replayed_against_fresh(gains, seeds)).startswith(answer)
+
+
+def test_the_picture_waits_for_a_task_with_every_variant(tmp_path):
+    results = measured()
+    assert headline.plot(results, tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 0
     for task in ("reasoning", "weak_start"):
         del results["runs"][task]["GRPO"]
-    assert not headline.plot_one_commit(results, tmp_path / "b.png") and not (tmp_path / "b.png").exists()
+    assert not headline.plot(results, tmp_path / "b.png") and not (tmp_path / "b.png").exists()

@@ -190,14 +190,6 @@ def test_a_curve_is_read_at_equal_fresh_questions_between_validations():
     assert learning.at_fresh_questions(run, 160) == pytest.approx(0.40)  # halfway from 0.30 to 0.50
 
 
-def test_the_headline_plot_waits_for_every_task_and_variant(tmp_path):
-    runs = {name: [make_run(0, 0.5, 10), make_run(1, 0.6, 10)] for name in learning.HEADLINE["variants"]}
-    results = {task: dict(runs) for task in learning.HEADLINE["tasks"]}
-    assert learning.plot_headline(results, tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 0
-    del results["small_pool"]["ExGRPO paper"]
-    assert not learning.plot_headline(results, tmp_path / "b.png") and not (tmp_path / "b.png").exists()
-
-
 def test_the_deferred_variants_defer():
     for name in ("paper, deferred", "recommended, deferred"):
         callback = learning._replay_callback(_built(name))
