@@ -79,7 +79,7 @@ def test_the_learning_page_shows_the_hypotheses_verdicts_of_its_results_file():
 
 def test_the_learning_page_shows_the_one_commit_runs_below_the_hypotheses_they_decide():
     """H9 and H10's runs: each variant's figures from benchmarks/results/dynamic_sampling.json as headline.py
-    prints them, below the section that wrote H9 and H10 down before the runs."""
+    and the yardstick print them, below the section that wrote H9 and H10 down before the runs."""
     from hypotheses import ONE_COMMIT
 
     results = json.loads((ROOT / "benchmarks" / "results" / f"{ONE_COMMIT}.json").read_text())
@@ -89,6 +89,9 @@ def test_the_learning_page_shows_the_one_commit_runs_below_the_hypotheses_they_d
         "docs/learning.md should show, below H9 and H10, the runs as benchmarks/headline.py prints them:\n"
         + headline.table(results)
     )
+    for task, variants in results["summary"].items():  # and every figure, as the yardstick prints them
+        table = yardstick_table({task: variants})
+        assert page.find(table) > written_before, f"docs/learning.md should show, below H9 and H10:\n{table}"
 
 
 def test_the_performance_page_quotes_the_quickstart_speed_file():
