@@ -53,8 +53,8 @@ def tally(intervals) -> dict[str, int]:
 
 def said(counts: dict[str, int], tasks: str = "") -> str:
     """A `tally` in words: "above on three of the four tasks, level on one and below on none"."""
-    above, level, below = (WORDS[counts[key]] for key in ("above", "level", "below"))
-    return f"above on {above}{tasks}, level on {level} and below on {below}"
+    over, level, under = (WORDS[counts[key]] for key in ("above", "level", "below"))
+    return f"above on {over}{tasks}, level on {level} and below on {under}"
 
 
 # The one-commit runs: (variant name in the results file, what a reader calls it), GRPO first.
