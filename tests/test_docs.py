@@ -146,7 +146,7 @@ def test_the_learning_page_opens_with_its_verdict_from_the_results_file():
     results = json.loads((ROOT / "benchmarks" / "results" / "dynamic_sampling.json").read_text())
     assert headline.comparisons_table(results) in verdict
     words = " ".join(verdict.split())
-    first_paragraph = " ".join(verdict.split("\n\n")[1].split())  # below the heading
+    first_paragraph = " ".join(verdict.split("\n\n")[2].split())  # below the title and the heading
     assert f"On these tiny tasks, {headline.answer(results)}." in first_paragraph
     for phrase in headline.verdict(results):
         assert phrase in words, f"docs/learning.md's verdict should say {phrase!r}"
