@@ -174,9 +174,9 @@ def answer(results: dict) -> str:
         means = [row["intervals"][EQUAL_TOKENS][0] for row in h9["comparisons"]]
         clear = WORDS[sum(above(row) for row in h9["comparisons"])]
         return (
-            "replayed questions beat fresh ones in dead groups' places by the rule written before the runs: at "
-            f"equal generated tokens they end at or above fresh ones on every task and above on {clear}, by "
-            f"{min(means):+.1f} to {max(means):+.1f} points (per task, mean over seeds)"
+            "replayed questions beat fresh ones in dead groups' places by the rule written before the runs: "
+            f"at equal generated tokens they end at or above fresh ones on every task and above on {clear}, "
+            f"by {min(means):+.1f} to {max(means):+.1f} points (per task, mean over seeds)"
         )
     return {
         "fails": "the gain is filling dead groups, not replay: fresh questions in their places end above "

@@ -117,9 +117,9 @@ def replayed_against_fresh(gains: dict[str, float], seeds: int = 10) -> dict:
 
 EVERY_TASK = {task: 2.0 for task, _ in headline.TASKS}
 HOLDS = (
-    "replayed questions beat fresh ones in dead groups' places by the rule written before the runs: at equal "
-    "generated tokens they end at or above fresh ones on every task and above on four, by +1.0 to +2.0 points "
-    "(per task, mean over seeds)"
+    "replayed questions beat fresh ones in dead groups' places by the rule written before the runs: at "
+    "equal generated tokens they end at or above fresh ones on every task and above on four, by +1.0 to +2.0 "
+    "points (per task, mean over seeds)"
 )
 UNDECIDED = "whether replay adds anything to filling dead groups is undecided"
 FAILS = "the gain is filling dead groups, not replay"
