@@ -152,6 +152,14 @@ def test_the_learning_page_opens_with_its_verdict_from_the_results_file():
         assert phrase in words, f"docs/learning.md's verdict should say {phrase!r}"
 
 
+def test_the_home_page_says_what_the_one_commit_runs_show():
+    """docs/index.md's "Does replay help?" in the words headline.py renders from dynamic_sampling.json."""
+    results = json.loads((ROOT / "benchmarks" / "results" / "dynamic_sampling.json").read_text())
+    page = " ".join((ROOT / "docs" / "index.md").read_text().split())
+    for phrase in (headline.verdict(results)[0], headline.answer(results), headline.verdict(results)[2]):
+        assert phrase in page, f"docs/index.md should say {phrase!r}"
+
+
 def test_a_table_wider_than_its_column_at_1280_pixels_fails_the_docs_build():
     sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
     import tables
