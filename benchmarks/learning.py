@@ -33,7 +33,8 @@ trained on (a question's group counted each time it was trained on fresh; replay
 mixed step displaced are not; a question a stored row joined is, and so is one whose group of equal rewards
 gave its place to refill, see `fresh_questions`), the axis on which replay's displaced questions show.
 Seed s is `--seed_everything=s`: the data order, replay draws, rollout and validation samples all derive from
-it, so seeds are independent runs. Each run records the commit its code came from. Not a timed test: a
+it, so seeds are independent runs. Each run records the commit its code came from and the machine it ran on
+(`machine`: the same code and seed can train differently on another CPU or torch build). Not a timed test: a
 measurement to read.
 """
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import platform
 import statistics
 import subprocess
 import tempfile
@@ -431,8 +433,8 @@ def run(
     curve = [(0, 0.0, start), *record.curve]
     fresh = [(0, 0), *record.fresh]
     result = {
-        "seed": seed, "commit": code_version(), "curve": curve, "fresh_questions": fresh,
-        "diagnostics": record.summary(),
+        "seed": seed, "commit": code_version(), "machine": machine(), "curve": curve,
+        "fresh_questions": fresh, "diagnostics": record.summary(),
     }  # fmt: skip
     if measure is not None:  # after the curve is read: the measurement may validate again
         result["final"] = measure(cli, task)
@@ -453,6 +455,23 @@ def code_version() -> str:
         "diff", "--quiet", "HEAD", "--", "exgrpo_pl", "callbacks", "configs", "benchmarks/learning.py"
     )
     return head.stdout.strip() + ("+changes" if changed.returncode else "")
+
+
+def machine() -> str:
+    """The CPU, the kernels torch picks for it and the torch build: what else decides a run's numbers (a
+    different CPU can take different kernels, whose rounding then moves the whole trajectory)."""
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            cpu,
+        )
+    return f"{cpu}, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
 
 
 def _check_seeds_follow_the_run(cli, config: str) -> None:

@@ -69,6 +69,7 @@ def test_learning_benchmark(bench):
             tokens = [point[1] for point in run["curve"]]
             assert steps[0] == 0 and steps[-1] == 4 and tokens == sorted(tokens) and tokens[-1] > 0
             assert run["commit"] == started_at  # the code it ran
+            assert run["machine"] == importlib.import_module("learning").machine()  # and where
         assert variants["GRPO"][0]["diagnostics"]["replays"] == 0
         assert variants["GRPO"][0]["diagnostics"]["completion_tokens"]["replayed"] is None
         summary = result["summary"][task]

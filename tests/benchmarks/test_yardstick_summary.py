@@ -13,6 +13,7 @@ from learning_yardstick import (  # noqa: E402
     EQUAL_TOKENS,
     MEASURES,
     TOKENS_VS_GRPO,
+    from_elsewhere,
     summarise,
     table,
     without_runs,
@@ -87,3 +88,16 @@ def test_a_rerun_drops_the_runs_of_its_variants_on_its_tasks_and_keeps_every_oth
         "reasoning": ["GRPO"], "arithmetic": ["ExGRPO paper", "GRPO"],
     }  # fmt: skip
     assert "ExGRPO paper" in results["reasoning"]  # the file's rows are left as they were until rewritten
+
+
+def test_resuming_names_the_other_machines_the_kept_runs_ran_on():
+    here, there = "CPU A, AVX512, torch 2.13.0+cpu", "CPU B, AVX2, torch 2.13.0+cpu"
+    results = {
+        "reasoning": {
+            "GRPO": [{**make_run(0, 0.5), "machine": here}, {**make_run(1, 0.5), "machine": there}]
+        },
+        "arithmetic": {"GRPO": [make_run(0, 0.5), {**make_run(1, 0.5), "machine": there}]},
+    }
+    assert from_elsewhere(results, here) == [there, "unrecorded"]
+    assert from_elsewhere(results, there) == [here, "unrecorded"]
+    assert from_elsewhere({"reasoning": {"GRPO": [{**make_run(0, 0.5), "machine": here}]}}, here) == []
