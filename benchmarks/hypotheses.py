@@ -16,7 +16,7 @@ hypothesis of several comparisons holds when all hold, fails when one fails, and
 whose runs are missing is "not measured". A hypothesis that also asks for "above on at least one" (H6) is
 undecided while every comparison holds but none is above.
 
-    python benchmarks/hypotheses.py      # the verdicts of benchmarks/results/learning_yardstick.json
+    python benchmarks/hypotheses.py      # the verdicts and comparisons of benchmarks/results/*.json
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ SEEDS = 5  # paired seeds a comparison needs by default (fewer: "not measured", 
 MARGINS = {"at or above": -1.0, "above": 0.0}  # the lower bound a comparison's intervals must clear
 # The runs of H9 and H10: GRPO, the recommended preset and the two dynamic-sampling controls at one commit.
 ONE_COMMIT = "dynamic_sampling"
+# The recommended preset with its own and with the official code's trajectory pick, at one commit.
+OFFICIAL_PICK = "official_pick"
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ REPORTED = tuple(
     for task in TASKS
 ) + tuple(
     ("the official code's trajectory pick in the recommended preset", task,
-     "recommended, official trajectory pick", "ExGRPO recommended", DECIDING, SEEDS, "learning_yardstick")
+     "recommended, official trajectory pick", "ExGRPO recommended", DECIDING, SEEDS, OFFICIAL_PICK)
     for task in TASKS
 ) + tuple(  # H10, written before its runs as reported
     (f"H10: {what}", task, a, b, (EQUAL_TOKENS, DECIDING[0]), 10, ONE_COMMIT)
@@ -233,7 +235,7 @@ def reported_table(files: dict[str, dict]) -> str:
 def results_files() -> dict[str, dict]:
     """The runs of each results file the hypotheses read: name -> its "runs" (a file not written yet is
     left out)."""
-    paths = (RESULTS / f"{name}.json" for name in ("learning_yardstick", ONE_COMMIT))
+    paths = (RESULTS / f"{name}.json" for name in ("learning_yardstick", ONE_COMMIT, OFFICIAL_PICK))
     return {path.stem: json.loads(path.read_text())["runs"] for path in paths if path.exists()}
 
 

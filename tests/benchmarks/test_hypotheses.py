@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from hypotheses import (  # noqa: E402
     DECIDING,
+    OFFICIAL_PICK,
     SEEDS,
     Hypothesis,
     decide,
@@ -68,6 +69,31 @@ def test_the_reported_comparisons_print_paired_differences_without_a_verdict():
     assert "holds" not in row and "fails" not in row
     unmeasured = next(line for line in lines if "| small_pool |" in line)  # no runs: no figures
     assert unmeasured.endswith("ours: val pass@1, T=1: —; ID avg@4, T=0.6: — |")
+
+
+def test_the_official_pick_is_compared_on_the_runs_of_its_own_file():
+    """Both picks ran at one commit into `OFFICIAL_PICK`; the older rows of the same names are not paired."""
+
+    def both_picks(official: float) -> dict:
+        return {
+            "reasoning": {
+                "recommended, official trajectory pick": [
+                    make_run(s, official + 0.01 * s) for s in range(SEEDS)
+                ],
+                "ExGRPO recommended": [make_run(s, 0.50 + 0.01 * s) for s in range(SEEDS)],
+            }
+        }
+
+    def row(files: dict) -> str:
+        lines = reported_table(files).splitlines()
+        return next(
+            line for line in lines if "official code's trajectory pick" in line and "| reasoning |" in line
+        )
+
+    assert "ours: val pass@1, T=1: +3.0 ± 0.0" in row({OFFICIAL_PICK: both_picks(0.53)})
+    assert row({"learning_yardstick": both_picks(0.53)}).endswith(
+        "ours: val pass@1, T=1: —; ID avg@4, T=0.6: — |"
+    )
 
 
 def test_a_comparison_needs_every_seed():
