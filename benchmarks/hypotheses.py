@@ -34,6 +34,7 @@ MARGINS = {"at or above": -1.0, "above": 0.0}  # the lower bound a comparison's 
 ONE_COMMIT = "dynamic_sampling"
 # The recommended preset with its own and with the official code's trajectory pick, at one commit.
 OFFICIAL_PICK = "official_pick"
+OFFICIAL_PICK_COMPARED = "the official code's trajectory pick in the recommended preset"
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ REPORTED = tuple(
      DECIDING, SEEDS, "learning_yardstick")
     for task in TASKS
 ) + tuple(
-    ("the official code's trajectory pick in the recommended preset", task,
+    (OFFICIAL_PICK_COMPARED, task,
      "recommended, official trajectory pick", "ExGRPO recommended", DECIDING, SEEDS, OFFICIAL_PICK)
     for task in TASKS
 ) + tuple(  # H10, written before its runs as reported
@@ -218,10 +219,13 @@ def verdict_table(decided: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def reported_table(files: dict[str, dict]) -> str:
-    """`REPORTED` as Markdown: A - B in points (95% interval) per figure, and no verdict."""
+def reported_table(files: dict[str, dict], only: str | None = None) -> str:
+    """`REPORTED` as Markdown: A - B in points (95% interval) per figure, and no verdict (`only`: the rows
+    of that comparison alone)."""
     lines = ["| compared | task | A vs B | A - B, points (95% interval) |", "|---|---|---|---|"]
     for what, task, a, b, columns, seeds, results in REPORTED:
+        if only is not None and what != only:
+            continue
         runs = files.get(results, {})
         found = [(column, paired(runs, task, a, b, column, seeds)) for column in columns]
         cells = "; ".join(
