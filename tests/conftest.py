@@ -1,6 +1,7 @@
 """Shared test pieces: a tiny random causal LM saved with `save_pretrained` (as a user's checkpoint would be),
 and the tiny GRPO module most Trainer tests train; the verl-layout sample file and a tiny model that reads
-it; `is_gone` for tests of worker processes; a CPU stand-in for Lightning's DeepSpeed strategy."""
+it; `is_gone` for tests of worker processes; a CPU stand-in for Lightning's DeepSpeed strategy; the property
+tests' settings."""
 
 import builtins
 import errno
@@ -12,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import settings
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from transformers import LlamaForCausalLM
 
@@ -26,6 +28,11 @@ from exgrpo_pl.rewards import FormatReward
 for _folder in ("checkpoints", "experience", "module", "step"):
     if str(Path(__file__).parent / _folder) not in sys.path:
         sys.path.append(str(Path(__file__).parent / _folder))
+
+# Property tests check values, never time: Hypothesis's default 200 ms deadline per example fails them on a
+# loaded 2-core machine (an example's first run pays torch's warm-up), so no test has one.
+settings.register_profile("no_deadline", deadline=None)
+settings.load_profile("no_deadline")
 
 
 @pytest.fixture(scope="session")

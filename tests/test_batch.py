@@ -22,7 +22,7 @@ def test_left_and_right_padding_exact():
     assert empty.shape == empty_mask.shape == (0, 0)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(st.lists(st.lists(st.floats(-5, 5), max_size=6), min_size=1, max_size=8), st.booleans())
 def test_matches_row_by_row_reference(values, left):
     rows = [torch.tensor(v, dtype=torch.float32) for v in values]

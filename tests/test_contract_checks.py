@@ -304,7 +304,7 @@ def test_a_placement_is_checked_and_a_refill_step_trains_on_the_pools_first_rows
         check_experience_used(pool, step(batch(experience=second)))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     num_questions=st.integers(1, 5),
     stored_questions=st.lists(st.integers(100, 103), min_size=1, max_size=5),

@@ -31,7 +31,7 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(operations)
 def test_rows_survive_writes_releases_and_compaction(ops):
     store = RaggedStore({"ids": np.int32, "logps": np.float32})
@@ -61,7 +61,7 @@ def test_rows_survive_writes_releases_and_compaction(ops):
         assert np.array_equal(got["ids"], want) and np.array_equal(got["logps"], want * 0.5)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.lists(st.integers(0, 7), max_size=10), st.booleans())
 def test_padded_matches_pad_sequences(lengths, left):
     rows = {i: np.arange(1, n + 1, dtype=np.int32) * (i + 1) for i, n in enumerate(lengths)}
@@ -127,7 +127,7 @@ index_operations = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(index_operations)
 def test_group_index_matches_a_dict_of_lists(ops):
     index = GroupIndex()
@@ -165,7 +165,7 @@ def test_row_hashes_by_hand():
     assert row_hashes(np.zeros(0, np.int32), np.zeros(0, np.int64)).shape == (0,)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.lists(st.lists(st.integers(0, 50_000), max_size=12), max_size=10))
 def test_row_hash_depends_on_the_row_alone(rows):
     lengths = np.array([len(r) for r in rows], dtype=np.int64)

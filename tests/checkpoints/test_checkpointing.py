@@ -163,7 +163,7 @@ def test_incomplete_reason_tells_complete_from_cut_short(tmp_path):
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     sizes=st.lists(st.integers(0, 40), min_size=1, max_size=5),
     dtype=st.sampled_from(FLOATS),

@@ -200,7 +200,7 @@ def test_the_sampler_draws_from_softmax_over_temperature(tiny):
         assert torch.allclose(state.logps[:, 0], probs.log()[state.tokens[:, 0]])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     logits=st.lists(st.floats(-5, 5), min_size=2, max_size=12),
     top_p=st.floats(0.05, 0.99),

@@ -522,7 +522,7 @@ def test_load_into_smaller_buffer_keeps_newest():
     assert len(small) == 10 and 100 in small.policy_snapshot["question_ids"].tolist()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=6), min_size=1, max_size=8),
     st.integers(1, 12),
@@ -597,7 +597,7 @@ buffer_operations = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(buffer_operations, st.integers(1, 12), st.sampled_from([None, 1, 2]), st.booleans())
 def test_index_equals_a_recomputation_after_any_sequence(ops, max_size, max_per_question, dedup):
     """Adds (with oldest-first and per-question eviction, retirement and duplicates), removals, reloads into
@@ -840,7 +840,7 @@ def test_correct_of_partial_counts_the_whole_group(replayed_reward, fresh, store
     assert buffer.bucketer.retired == ({1} if stored == 0 and sum(fresh) == 3 else set())
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     correct=st.lists(st.lists(st.booleans(), min_size=1, max_size=4), min_size=1, max_size=6),
     strategy=st.sampled_from(sorted(STRATEGIES)),

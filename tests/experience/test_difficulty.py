@@ -237,7 +237,7 @@ def test_gaussian_bucket_probabilities():
     assert abs(np.mean(draws == 3) - np.mean(draws == 4)) < 0.04
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(st.lists(st.integers(0, 8), max_size=40), st.integers(0, 50), st.floats(0.01, 1.0))
 def test_gaussian_bucket_draw_is_without_replacement(counts, size, sigma):
     rates = np.array(counts, dtype=np.float64) / 8
@@ -280,7 +280,7 @@ def test_choose_in_groups_is_uniform_over_ordered_picks():
     assert len(large) == 12 and all(abs(v / 6000 - 1 / 12) < 0.015 for v in large.values())
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 70)), max_size=8), st.integers(0, 5))
 def test_choose_in_groups_gives_distinct_offsets(groups, seed):
     n = np.array([a for a, _ in groups], dtype=np.int64)
@@ -301,7 +301,7 @@ def test_dense_by_rate_by_hand():
     assert not b.dense_by_rate().flags.writeable
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     st.lists(st.lists(st.tuples(st.integers(0, 12), st.booleans()), min_size=1, max_size=8), max_size=12),
     st.integers(0, 11),

@@ -62,7 +62,7 @@ def test_rescoring_rows_are_the_training_micro_batch_else_k(modules):
     assert [modules[m][0].rescore_rows() for m in (None, 1, 3, 8)] == [4, 1, 3, 8]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     micro_batch_size=st.sampled_from([None, 1, 3, 8]),
     rows=st.integers(0, 10),

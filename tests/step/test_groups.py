@@ -336,7 +336,7 @@ def test_micro_batches_record_and_weight_their_rows_as_the_whole_batch_does(size
     assert torch.equal(torch.cat(pieces), expected)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(
     st.lists(st.tuples(st.booleans(), st.floats(-2, 2)), min_size=1, max_size=6),
     st.sampled_from(["shaping", "truncate", "none"]),

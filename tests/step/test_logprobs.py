@@ -24,7 +24,7 @@ def random_case(seed, rows, length, vocab, extra, dtype=torch.float32):
     return logits, ids
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(
     seed=st.integers(0, 2**16),
     rows=st.integers(1, 3),
@@ -61,7 +61,7 @@ def test_by_hand_with_a_prediction_past_the_completion():
     assert torch.allclose(entropy, h.unsqueeze(0))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
     seed=st.integers(0, 2**16),
     rows=st.integers(1, 3),

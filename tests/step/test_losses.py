@@ -179,7 +179,7 @@ def test_unknown_loss_type_lists_allowed_values():
         compute_grpo_loss(logps, logps, adv, mask, LossNormaliser(4, 9, 3), loss_type="ppo")
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     loss_type=st.sampled_from(["grpo", "dr_grpo", "dapo"]),
     micro=st.integers(min_value=1, max_value=6),
@@ -208,7 +208,7 @@ def test_micro_batches_add_up_to_the_full_batch_loss(loss_type, micro, seed):
     assert torch.allclose(full, parts, atol=1e-6)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(w=st.floats(min_value=1e-4, max_value=1e4), beta=st.floats(min_value=1e-3, max_value=10))
 def test_shaped_weight_is_bounded_and_monotone(w, beta):
     logp = torch.tensor([[math.log(w)]], dtype=torch.float64)
@@ -242,7 +242,7 @@ def on_ranks(parts, fn):
     return results
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(
     groups=st.lists(st.integers(min_value=1, max_value=3), min_size=2, max_size=4),
     seed=st.integers(min_value=0, max_value=10_000),
@@ -270,7 +270,7 @@ def _batch(seed, n=8, length=5):
     return logps, old, ref, behaviour, torch.randn(n, generator=gen, dtype=torch.float64), mask, entropy
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     loss_type=st.sampled_from(LOSS_TYPES),
     level=st.sampled_from(["token", "sequence"]),

@@ -74,7 +74,7 @@ def test_official_loss_by_hand_with_and_without_clip():
         assert abs(2 * float(mine) - expected) < 1e-12
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     micro_batches=st.integers(1, 3),
     rows=st.integers(1, 4),
@@ -138,7 +138,7 @@ def test_official_micro_batches_by_hand():
     assert counts.tolist() == [1, 1, 2, 3, 1]  # an empty update still runs one micro-batch
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     micro_batches=st.integers(1, 3),
     rows=st.integers(1, 4),

@@ -85,7 +85,7 @@ def tiny_policy(tiny_model_dir):
     return load_policy(tiny_model_dir).eval()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**16),
     rows=st.integers(1, 19),
