@@ -201,9 +201,6 @@ VARIANTS = {
         _changed(callback={"placement": "displace", "displaced_questions": "defer"}),
         None,
     ),  # fmt: skip
-    # Where experience goes (ReplayCallback's placement): the recommended preset refills the places of groups
-    # whose K rewards are all equal; these put it in the places of fresh questions (the paper's mix, the
-    # recommended preset's placement until the learning page's H6), or join it to its own question's group.
     # The official code's trajectory score (an inverted mask from another row, favouring short trajectories)
     # in place of the paper's lowest mean completion entropy.
     "recommended, official trajectory pick": (
@@ -211,6 +208,9 @@ VARIANTS = {
         _changed(replay={"trajectory_selection": "official_inverted_mask_entropy"}),
         None,
     ),
+    # Where experience goes (ReplayCallback's placement): the recommended preset refills the places of groups
+    # whose K rewards are all equal; these put it in the places of fresh questions (the paper's mix, the
+    # recommended preset's placement until the learning page's H6), or join it to its own question's group.
     "recommended, displace": ("exgrpo", _changed(callback={"placement": "displace"}), None),
     "recommended, join": ("exgrpo", _changed(callback={"placement": "join"}), None),
     # Dead groups (K equal rewards) filled with fresh questions, no replay: refill's twin, the places given to
@@ -536,13 +536,13 @@ def summarise(results: dict) -> dict:
                 "replays": interval([r["diagnostics"]["replays"] for r in runs]),
                 "distinct_replayed": interval([r["diagnostics"]["distinct_questions"] for r in runs]),
                 "max_replays": interval([r["diagnostics"]["max_replays_per_question"] for r in runs]),
-                "replayed_tokens": _completion_tokens(runs, "replayed"),
-                "fresh_correct_tokens": _completion_tokens(runs, "fresh_correct"),
+                "replayed_tokens": mean_completion_tokens(runs, "replayed"),
+                "fresh_correct_tokens": mean_completion_tokens(runs, "fresh_correct"),
             }
     return out
 
 
-def _completion_tokens(runs: list[dict], kind: str) -> tuple[float, float] | None:
+def mean_completion_tokens(runs: list[dict], kind: str) -> tuple[float, float] | None:
     """Mean completion length of a kind of trajectory over the seeds; None unless every run recorded it (runs
     made before this diagnostic existed did not)."""
     values = [r["diagnostics"].get("completion_tokens", {}).get(kind) for r in runs]

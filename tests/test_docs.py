@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import headline  # noqa: E402
 import hostile_probes  # noqa: E402
 import resume_exact  # noqa: E402
-from learning import markdown_table, presets_table  # noqa: E402
+from learning import markdown_table, mean_completion_tokens, presets_table  # noqa: E402
 from learning_yardstick import table as yardstick_table  # noqa: E402
 
 
@@ -92,6 +92,29 @@ def test_the_learning_page_shows_the_one_commit_runs_below_the_hypotheses_they_d
     for task, variants in results["summary"].items():  # and every figure, as the yardstick prints them
         table = yardstick_table({task: variants})
         assert page.find(table) > written_before, f"docs/learning.md should show, below H9 and H10:\n{table}"
+
+
+def test_the_learning_page_shows_the_official_pick_runs_below_the_paper_preset_s_rerun():
+    """The recommended preset with its own and with the official code's trajectory pick, made at one commit
+    (benchmarks/results/official_pick.json): the comparison as hypotheses.py prints it, and every figure."""
+    from hypotheses import OFFICIAL_PICK, OFFICIAL_PICK_COMPARED, reported_table, results_files
+
+    page = (ROOT / "docs" / "learning.md").read_text()
+    rerun = page.index("## The paper preset as the official code runs it, rerun")
+    compared = reported_table(results_files(), only=OFFICIAL_PICK_COMPARED)
+    assert "—" not in compared, "every task's official-pick comparison should have its runs:\n" + compared
+    assert page.find(compared) > rerun, f"docs/learning.md should show, below the rerun:\n{compared}"
+    results = json.loads((ROOT / "benchmarks" / "results" / f"{OFFICIAL_PICK}.json").read_text())
+    for task, variants in results["summary"].items():
+        table = yardstick_table({task: variants})
+        assert page.find(table) > rerun, f"docs/learning.md should show, below the rerun:\n{table}"
+    tasks = ("reasoning", "arithmetic", "small_pool", "weak_start")  # the order the page names them in
+    for variant in ("recommended, official trajectory pick", "ExGRPO recommended"):  # replayed lengths
+        means = [
+            f"{mean_completion_tokens(results['runs'][task][variant], 'replayed')[0]:.2f}" for task in tasks
+        ]
+        said = ", ".join(means[:-1]) + " and " + means[-1]
+        assert said in " ".join(page.split()), f"docs/learning.md should say {variant} replays {said} tokens"
 
 
 def test_the_performance_page_quotes_the_quickstart_speed_file():
