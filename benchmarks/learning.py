@@ -474,6 +474,24 @@ def machine() -> str:
     return f"{cpu}, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
 
 
+def from_elsewhere(results: dict, here: str) -> list[str]:
+    """Where the kept runs that did not run on `here` ran ("unrecorded" for runs from before machines were
+    recorded), each once: runs of one seed on two machines share the seed, not the arithmetic."""
+    machines = (
+        record.get("machine", "unrecorded") for by_variant in results.values() for runs in by_variant.values()
+        for record in runs
+    )  # fmt: skip
+    return sorted({m for m in machines if m != here})
+
+
+def say_where_kept_runs_ran(results: dict, file_name: str) -> None:
+    """Prints the machines of the kept runs of a resumed results file that ran elsewhere than this one."""
+    elsewhere = from_elsewhere(results, machine())
+    if elsewhere:
+        print(f"note: kept runs of {file_name} ran on another machine than this one ({machine()}): "
+              + "; ".join(elsewhere), flush=True)  # fmt: skip
+
+
 def _check_seeds_follow_the_run(cli, config: str) -> None:
     """Refuses a config that pins the data order or the replay draws: every seed would share them."""
     pinned = []
@@ -779,6 +797,7 @@ def main() -> None:
         for name, runs in variants.items():
             if task not in args.tasks or name not in names or args.resume:
                 results.setdefault(task, {})[name] = runs
+    say_where_kept_runs_ran(results, path.name)
     # Seed by seed, every variant of a seed before the next: a run stopped early leaves the variants with
     # the same seeds, comparable as they stand.
     todo = [

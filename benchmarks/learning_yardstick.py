@@ -48,8 +48,8 @@ from learning import (
     at_fresh_questions,
     at_tokens,
     interval,
-    machine,
     run,
+    say_where_kept_runs_ran,
 )
 
 from exgrpo_pl.data import (
@@ -244,16 +244,6 @@ def without_runs(results: dict, tasks: list[str], variants: list[str]) -> dict:
     }
 
 
-def from_elsewhere(results: dict, here: str) -> list[str]:
-    """Where the kept runs that did not run on `here` ran ("unrecorded" for runs from before machines were
-    recorded), each once: runs of one seed on two machines share the seed, not the arithmetic."""
-    machines = (
-        run.get("machine", "unrecorded") for by_variant in results.values() for runs in by_variant.values()
-        for run in runs
-    )  # fmt: skip
-    return sorted({m for m in machines if m != here})
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -281,10 +271,7 @@ def main() -> None:
     results: dict = json.loads(path.read_text())["runs"] if args.resume and path.exists() else {}
     if args.rerun:
         results = without_runs(results, args.tasks, args.variants)
-    elsewhere = from_elsewhere(results, machine())
-    if elsewhere:
-        print(f"note: kept runs of {path.name} ran on another machine than this one ({machine()}): "
-              + "; ".join(elsewhere), flush=True)  # fmt: skip
+    say_where_kept_runs_ran(results, path.name)
     todo = [
         (task, name, seed)
         for task in args.tasks

@@ -1,6 +1,6 @@
 """The yardstick benchmark's summary: the T = 1 curve read at equal generated tokens, and at equal fresh
-questions for runs that recorded them, with a dash in the table for runs that did not; and what a rerun
-drops."""
+questions for runs that recorded them, with a dash in the table for runs that did not; what a rerun
+drops; and which kept runs ran on another machine (both benchmarks' `--resume` say)."""
 
 import sys
 from pathlib import Path
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+from learning import from_elsewhere  # noqa: E402
 from learning_yardstick import (  # noqa: E402
     EQUAL_FRESH,
     EQUAL_TOKENS,
     MEASURES,
     TOKENS_VS_GRPO,
-    from_elsewhere,
     summarise,
     table,
     without_runs,
