@@ -488,8 +488,8 @@ def say_where_kept_runs_ran(results: dict, file_name: str) -> None:
     """Prints the machines of the kept runs of a resumed results file that ran elsewhere than this one."""
     elsewhere = from_elsewhere(results, machine())
     if elsewhere:
-        print(f"note: kept runs of {file_name} ran on another machine than this one ({machine()}): "
-              + "; ".join(elsewhere), flush=True)  # fmt: skip
+        print(f"note: kept runs of {file_name} ran on other machines than this one ({machine()}), or recorded"
+              " none: " + "; ".join(elsewhere), flush=True)  # fmt: skip
 
 
 def _check_seeds_follow_the_run(cli, config: str) -> None:
